@@ -1,0 +1,391 @@
+"""The ownership protocol, written once for every durable queue.
+
+Atomic claim (one by id, or the next N), lease TTL, heartbeat, fenced writes,
+reclaim on expiry, retries with backoff and dead-lettering, cancellation. The
+repository executes; this module holds the policy and turns "no row matched"
+into a precise answer by inspecting the item afterwards.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from trace_core.clock import Clock, SystemClock
+from trace_core.errors import ConfigurationError, InvalidTransition, NotFound, StaleClaim
+from trace_core.model import ClaimOutcome, Fence, ItemState, Lease, NotClaimedReason, QueueSpec
+from trace_core.retry import RetryClass, RetryPolicy
+from trace_core.storage.protocol import Repository, Transaction
+
+__all__ = ["FailOutcome", "LeaseConfig", "LeaseQueue", "ReclaimReport"]
+
+ItemId = Any
+
+
+@dataclass(frozen=True)
+class LeaseConfig:
+    """Lease settings of one queue."""
+
+    lease_seconds: float = 30.0
+    """How long a claim lasts without a heartbeat."""
+    max_batch: int = 1000
+    """Upper bound on one claim, reclaim or requeue round."""
+
+    def __post_init__(self) -> None:
+        if self.lease_seconds <= 0:
+            raise ConfigurationError("LeaseConfig.lease_seconds must be > 0")
+        if self.max_batch < 1:
+            raise ConfigurationError("LeaseConfig.max_batch must be >= 1")
+
+
+@dataclass(frozen=True)
+class FailOutcome:
+    """Where a failed item went."""
+
+    status: str
+    retrying: bool
+    """True if a retry is scheduled; False if the item is dead-lettered."""
+
+
+@dataclass(frozen=True)
+class ReclaimReport:
+    """What one reclaim round did."""
+
+    retried: list[ItemId] = field(default_factory=list)
+    dead_lettered: list[ItemId] = field(default_factory=list)
+
+
+class LeaseQueue:
+    """The protocol for one queue (:data:`~trace_core.model.TASKS`, ``OUTBOX`` …).
+
+    Every method takes an optional ``tx``: pass one to join a larger
+    transaction (state change + outbox row), or leave it out to run alone.
+    """
+
+    def __init__(
+        self,
+        repo: Repository,
+        queue: QueueSpec,
+        *,
+        clock: Clock | None = None,
+        config: LeaseConfig | None = None,
+        retry: RetryPolicy | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.repo = repo
+        self.queue = queue
+        self.clock = clock or SystemClock()
+        self.config = config or LeaseConfig()
+        self.retry = retry or RetryPolicy()
+        self._rng = rng or random.Random()
+
+    # --- claims -------------------------------------------------------------
+
+    async def claim_batch(
+        self, worker_id: str, limit: int, *, tx: Transaction | None = None
+    ) -> list[Lease]:
+        """Lease up to ``limit`` ready items in one round trip (poll driven)."""
+        if not 1 <= limit <= self.config.max_batch:
+            raise ConfigurationError(
+                f"claim limit must be within 1..{self.config.max_batch}, got {limit}"
+            )
+        async with self._tx(tx) as t:
+            return await t.claim(
+                self.queue,
+                worker_id=worker_id,
+                lease_seconds=self.config.lease_seconds,
+                now=self.clock.now(),
+                limit=limit,
+            )
+
+    async def claim(
+        self, item_id: ItemId, worker_id: str, *, tx: Transaction | None = None
+    ) -> ClaimOutcome:
+        """Lease one item by id (wake-up driven), or say why not."""
+        async with self._tx(tx) as t:
+            leases = await t.claim(
+                self.queue,
+                worker_id=worker_id,
+                lease_seconds=self.config.lease_seconds,
+                now=self.clock.now(),
+                item_id=item_id,
+            )
+            if leases:
+                return ClaimOutcome(leases[0])
+            state = await t.inspect(self.queue, item_id)
+        return ClaimOutcome(None, self._refusal(state))
+
+    def _refusal(self, state: ItemState | None) -> NotClaimedReason:
+        q = self.queue
+        if state is None:
+            return NotClaimedReason.NOT_FOUND
+        if state.status in q.leased:
+            return NotClaimedReason.ALREADY_RUNNING
+        if state.status == q.done:
+            return NotClaimedReason.COMPLETED
+        if state.status == "Canceled":
+            return NotClaimedReason.CANCELED
+        if state.status == q.dead and (q.dead != q.retry_to or state.retry_at is None):
+            return NotClaimedReason.DEAD_LETTERED
+        return NotClaimedReason.NOT_READY
+
+    # --- fenced writes ------------------------------------------------------
+
+    async def heartbeat(self, fence: Fence, *, tx: Transaction | None = None) -> datetime:
+        """Extend the lease; raises :class:`StaleClaim` if it is not current."""
+        now = self.clock.now()
+        async with self._tx(tx) as t:
+            expires = await t.heartbeat(
+                self.queue,
+                fence,
+                now=now,
+                expires_at=now + timedelta(seconds=self.config.lease_seconds),
+            )
+            if expires is None:
+                await self._explain(t, fence, None)
+        assert expires is not None
+        return expires
+
+    async def advance(
+        self,
+        fence: Fence,
+        target: str,
+        *,
+        values: Mapping[str, Any] | None = None,
+        tx: Transaction | None = None,
+    ) -> None:
+        """Fenced stage change (e.g. ``claimed -> fetching``) within the lease."""
+        q = self.queue
+        if target not in q.leased:
+            raise ConfigurationError(
+                f"{q.name}: advance() moves between leased stages; {target!r} is not one "
+                "(use complete(), fail() or requeue())"
+            )
+        sources = q.lifecycle.sources_of(target) & q.leased
+        await self._transition(fence, sources, target, values, tx)
+
+    async def complete(
+        self,
+        fence: Fence,
+        *,
+        values: Mapping[str, Any] | None = None,
+        tx: Transaction | None = None,
+    ) -> None:
+        """Fenced success. Raises :class:`StaleClaim` or :class:`InvalidTransition`."""
+        q = self.queue
+        await self._transition(fence, q.lifecycle.sources_of(q.done), q.done, values, tx)
+
+    async def complete_many(
+        self, fences: Sequence[Fence], *, tx: Transaction | None = None
+    ) -> set[ItemId]:
+        """Fenced success for many items in one statement.
+
+        Returns the ids that were still current; the others were stale and were
+        left untouched (the caller decides whether that is an error).
+        """
+        q = self.queue
+        async with self._tx(tx) as t:
+            return await t.complete_many(
+                q, fences, sources=q.lifecycle.sources_of(q.done), now=self.clock.now()
+            )
+
+    async def requeue(self, fence: Fence, *, reason: str, tx: Transaction | None = None) -> None:
+        """Fenced hand-back of a leased item to ready (graceful release)."""
+        q = self.queue
+        sources = q.lifecycle.sources_of(q.ready) & q.leased
+        if not sources:
+            raise InvalidTransition(q.lifecycle.name, q.claimed, q.ready, fence.item_id)
+        await self._transition(fence, sources, q.ready, {"error": reason}, tx)
+
+    async def fail(
+        self,
+        fence: Fence,
+        error: str,
+        *,
+        retry_class: RetryClass = RetryClass.RETRYABLE,
+        tx: Transaction | None = None,
+    ) -> FailOutcome:
+        """Fenced failure: retry with backoff while the row's attempts remain,
+        else dead-letter. ``RetryClass.FATAL`` dead-letters at once."""
+        outcome = await self._fail(fence, error, retry_class, tx=tx, expired_before=None)
+        assert outcome is not None
+        return outcome
+
+    async def _fail(
+        self,
+        fence: Fence,
+        error: str,
+        retry_class: RetryClass,
+        *,
+        tx: Transaction | None,
+        expired_before: datetime | None,
+    ) -> FailOutcome | None:
+        now = self.clock.now()
+        # The row's own max_attempts decides in SQL whether a retry remains;
+        # here we only need the backoff for the case that it does.
+        decision = self.retry.decide(
+            retry_class,
+            attempt=fence.attempt,
+            max_attempts=fence.attempt + 1,
+            now=now,
+            rng=self._rng,
+        )
+        async with self._tx(tx) as t:
+            result = await t.fail(
+                self.queue,
+                fence,
+                now=now,
+                retryable=decision.retry,
+                retry_at=decision.retry_at,
+                error=error,
+                expired_before=expired_before,
+            )
+            if result is None:
+                if expired_before is not None:
+                    return None  # heartbeated or finished meanwhile: not ours to fail
+                await self._explain(t, fence, self.queue.retry_to)
+        assert result is not None
+        return FailOutcome(*result)
+
+    # --- maintenance --------------------------------------------------------
+
+    async def reclaim_expired(self, *, limit: int | None = None) -> ReclaimReport:
+        """Fail every expired lease: retry with backoff, or dead-letter when exhausted.
+
+        Queues whose expiry bumps ``claim_version`` fence the old holder out
+        here; tasks keep the old fence until the next claim (late replies).
+        """
+        report = ReclaimReport()
+        now = self.clock.now()
+        async with self.repo.transaction() as t:
+            fences = await t.expired(self.queue, now=now, limit=limit or self.config.max_batch)
+            for fence in fences:
+                outcome = await self._fail(
+                    fence,
+                    f"lease expired (attempt {fence.attempt})",
+                    RetryClass.RETRYABLE,
+                    tx=t,
+                    expired_before=now,
+                )
+                if outcome is None:
+                    continue
+                (report.retried if outcome.retrying else report.dead_lettered).append(fence.item_id)
+        return report
+
+    async def requeue_due(self, *, limit: int | None = None) -> int:
+        """Move failures whose retry time has come back to ready."""
+        if not self.queue.requeues_later:
+            return 0
+        async with self.repo.transaction() as t:
+            return await t.requeue_due(
+                self.queue, now=self.clock.now(), limit=limit or self.config.max_batch
+            )
+
+    async def cancel(
+        self,
+        item_ids: Sequence[ItemId],
+        *,
+        reason: str = "canceled",
+        tx: Transaction | None = None,
+    ) -> set[ItemId]:
+        """Cancel items that are not finished; the ids that were canceled."""
+        q = self.queue
+        if "Canceled" not in q.lifecycle.statuses:
+            raise ConfigurationError(f"{q.name} has no Canceled status")
+        async with self._tx(tx) as t:
+            return await t.force_transition(
+                q,
+                item_ids,
+                sources=q.lifecycle.sources_of("Canceled"),
+                target="Canceled",
+                now=self.clock.now(),
+                error=reason,
+            )
+
+    async def dead_letter(
+        self, item_ids: Sequence[ItemId], *, reason: str, tx: Transaction | None = None
+    ) -> set[ItemId]:
+        """Dead-letter items at once (unrecoverable policy), from wherever allowed."""
+        q = self.queue
+        async with self._tx(tx) as t:
+            return await t.force_transition(
+                q,
+                item_ids,
+                sources=q.lifecycle.sources_of(q.dead),
+                target=q.dead,
+                now=self.clock.now(),
+                error=reason,
+            )
+
+    async def inspect(self, item_id: ItemId) -> ItemState:
+        """The ownership state of one item; :class:`NotFound` if none."""
+        async with self.repo.read() as t:
+            state = await t.inspect(self.queue, item_id)
+        if state is None:
+            raise NotFound(f"{self.queue.name} item {item_id} does not exist")
+        return state
+
+    # --- internals ----------------------------------------------------------
+
+    def _tx(self, tx: Transaction | None) -> Any:
+        return _Joined(tx) if tx is not None else self.repo.transaction()
+
+    async def _transition(
+        self,
+        fence: Fence,
+        sources: Collection[str],
+        target: str,
+        values: Mapping[str, Any] | None,
+        tx: Transaction | None,
+    ) -> None:
+        async with self._tx(tx) as t:
+            ok = await t.transition(
+                self.queue,
+                fence,
+                sources=sources,
+                target=target,
+                now=self.clock.now(),
+                values=values,
+            )
+            if not ok:
+                await self._explain(t, fence, target)
+
+    async def _explain(self, t: Transaction, fence: Fence, target: str | None) -> None:
+        """Raise the precise reason a fenced write matched nothing."""
+        q = self.queue
+        state = await t.inspect(q, fence.item_id)
+        if state is None:
+            raise NotFound(f"{q.name} item {fence.item_id} does not exist")
+        current = (
+            state.lease_token == fence.lease_token
+            and state.attempt == fence.attempt
+            and (fence.claim_version is None or fence.claim_version == state.claim_version)
+        )
+        if not current:
+            raise StaleClaim(
+                q.name,
+                fence.item_id,
+                f"presented attempt {fence.attempt}"
+                + (f"/claim_version {fence.claim_version}" if fence.claim_version else "")
+                + f", current attempt {state.attempt}/claim_version {state.claim_version}"
+                + f" in status {state.status}",
+            )
+        if target is not None and not q.lifecycle.allows(state.status, target):
+            raise InvalidTransition(q.lifecycle.name, state.status, target, fence.item_id)
+        raise StaleClaim(q.name, fence.item_id, f"lease no longer live (status {state.status})")
+
+
+class _Joined:
+    """Use a caller's transaction as if we had opened it (no commit here)."""
+
+    def __init__(self, tx: Transaction) -> None:
+        self._tx = tx
+
+    async def __aenter__(self) -> Transaction:
+        return self._tx
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None

@@ -1,0 +1,93 @@
+"""Async engines with the per-engine settings the ownership protocol relies on.
+
+SQLite: WAL (readers never block the writer), a busy timeout (writers from
+other processes wait instead of failing at once), foreign keys on, and
+``BEGIN IMMEDIATE`` for write transactions so the write lock is taken at the
+start rather than upgraded mid-transaction (the upgrade is what deadlocks and
+produces huey's ``database is locked``). Postgres: psycopg, READ COMMITTED.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import event
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from trace_core.errors import ConfigurationError
+from trace_core.storage.url import DatabaseURL
+
+__all__ = ["EngineSettings", "create_engine"]
+
+# Execution option read by the "begin" hook: which BEGIN a SQLite
+# transaction starts with. Writes take the lock up front; reads do not.
+SQLITE_BEGIN = "trace_sqlite_begin"
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """Connection settings; the defaults suit a worker process."""
+
+    pool_size: int = 5
+    """Postgres connections kept open per process."""
+    max_overflow: int = 10
+    sqlite_busy_timeout_ms: int = 30_000
+    """How long a SQLite writer waits for another process's write lock."""
+    sqlite_synchronous: str = "NORMAL"
+    """``NORMAL`` is the WAL-mode setting SQLite recommends: durable against a
+    process crash, may lose the last commits on power loss. ``FULL`` trades
+    write throughput for power-loss durability."""
+
+    def __post_init__(self) -> None:
+        if self.pool_size < 1:
+            raise ConfigurationError("EngineSettings.pool_size must be >= 1")
+        if self.sqlite_busy_timeout_ms < 0:
+            raise ConfigurationError("EngineSettings.sqlite_busy_timeout_ms must be >= 0")
+        if self.sqlite_synchronous.upper() not in {"OFF", "NORMAL", "FULL", "EXTRA"}:
+            raise ConfigurationError(
+                "EngineSettings.sqlite_synchronous must be OFF, NORMAL, FULL or EXTRA"
+            )
+
+
+def create_engine(url: DatabaseURL, settings: EngineSettings | None = None) -> AsyncEngine:
+    """Create the async engine for ``url`` with the settings above."""
+    settings = settings or EngineSettings()
+    if url.engine == "sqlite":
+        return _sqlite_engine(url, settings)
+    return create_async_engine(
+        url.async_url,
+        pool_size=settings.pool_size,
+        max_overflow=settings.max_overflow,
+        pool_pre_ping=False,
+        isolation_level="READ COMMITTED",
+    )
+
+
+def _sqlite_engine(url: DatabaseURL, settings: EngineSettings) -> AsyncEngine:
+    engine = create_async_engine(
+        url.async_url,
+        connect_args={"timeout": settings.sqlite_busy_timeout_ms / 1000},
+        pool_size=settings.pool_size,
+        max_overflow=settings.max_overflow,
+    )
+    sync_engine = engine.sync_engine
+
+    @event.listens_for(sync_engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        # Let us issue BEGIN ourselves (pysqlite's implicit BEGIN is deferred).
+        dbapi_conn.isolation_level = None
+        cursor = dbapi_conn.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute(f"PRAGMA synchronous={settings.sqlite_synchronous.upper()}")
+        cursor.execute(f"PRAGMA busy_timeout={int(settings.sqlite_busy_timeout_ms)}")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.close()
+
+    @event.listens_for(sync_engine, "begin")
+    def _on_begin(conn: sa.Connection) -> None:
+        mode = conn.get_execution_options().get(SQLITE_BEGIN, "IMMEDIATE")
+        conn.exec_driver_sql(f"BEGIN {mode}")
+
+    return engine

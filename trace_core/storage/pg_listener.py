@@ -1,0 +1,81 @@
+"""LISTEN/NOTIFY for wake-ups across processes (Postgres only).
+
+A daemon thread holds one autocommit psycopg connection, LISTENs on the
+channels asked for, and fires the :class:`~trace_core.wakeup.WakeupHub` for
+each notification. It reconnects after a failure; while it is down, waiters
+still wake on their bounded poll interval, so a lost notification costs
+latency, never correctness.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import psycopg
+from psycopg import sql
+
+from trace_core.storage.url import DatabaseURL
+from trace_core.wakeup import WakeupHub
+
+__all__ = ["PgListener"]
+
+log = logging.getLogger(__name__)
+
+_POLL_SECONDS = 0.5
+"""How often the thread checks for new channels or a stop request."""
+
+
+class PgListener:
+    """One listening connection per repository, shared by all its waiters."""
+
+    def __init__(self, url: DatabaseURL, hub: WakeupHub) -> None:
+        self._conninfo = url.sync_url.set(drivername="postgresql").render_as_string(
+            hide_password=False
+        )
+        self._hub = hub
+        self._wanted: set[str] = set()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._changed = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="trace-pg-listener", daemon=True)
+        self._thread.start()
+
+    def listen(self, channel: str) -> None:
+        """Make sure ``channel`` is listened to (idempotent)."""
+        with self._lock:
+            if channel in self._wanted:
+                return
+            self._wanted.add(channel)
+        self._changed.set()
+
+    def stop(self) -> None:
+        """Stop the thread and close its connection."""
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._serve()
+            except psycopg.Error as exc:
+                log.warning(
+                    "wake-up listener lost its connection (%s); reconnecting", type(exc).__name__
+                )
+                self._stop.wait(1.0)
+
+    def _serve(self) -> None:
+        with psycopg.connect(self._conninfo, autocommit=True) as conn:
+            listening: set[str] = set()
+            while not self._stop.is_set():
+                with self._lock:
+                    missing = self._wanted - listening
+                for channel in sorted(missing):
+                    conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+                    listening.add(channel)
+                    # Anything committed before LISTEN took effect was not
+                    # heard: wake waiters so they poll once.
+                    self._hub.fire(channel)
+                self._changed.clear()
+                for note in conn.notifies(timeout=_POLL_SECONDS, stop_after=64):
+                    self._hub.fire(note.channel)

@@ -1,0 +1,240 @@
+"""The repository port: semantic operations, not SQL.
+
+A :class:`Repository` hands out transactions; a :class:`Transaction` has the
+operations. ``async with repo.transaction() as tx`` is the one path for "state
+change plus outbox row in one transaction". Fenced operations return what
+matched (rows, ids or ``None``); the core turns "nothing matched" into
+:class:`~trace_core.errors.StaleClaim` or
+:class:`~trace_core.errors.InvalidTransition` after inspecting the item.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Collection, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal, Protocol
+
+from trace_core.model import Fence, ItemState, Lease, QueueSpec
+
+__all__ = [
+    "IdempotencyRecord",
+    "NewOutboxRow",
+    "NewTask",
+    "Repository",
+    "TaskCreated",
+    "Transaction",
+]
+
+ItemId = uuid.UUID | int
+
+
+@dataclass(frozen=True)
+class NewTask:
+    """A task to create. ``dedupe_key`` makes creation idempotent per job."""
+
+    job_id: uuid.UUID
+    dedupe_key: str | None = None
+    partitions: Sequence[str] | None = None
+    input_versions: Mapping[str, Any] | None = None
+    max_attempts: int = 3
+
+
+@dataclass(frozen=True)
+class TaskCreated:
+    """The task id for a :class:`NewTask`; ``created`` is False for a duplicate."""
+
+    task_id: uuid.UUID
+    created: bool
+    dedupe_key: str | None
+
+
+@dataclass(frozen=True)
+class NewOutboxRow:
+    """A side effect to perform after commit."""
+
+    kind: str
+    payload: Mapping[str, Any]
+    available_at: datetime | None = None
+    max_attempts: int = 10
+
+
+@dataclass(frozen=True)
+class IdempotencyRecord:
+    """The stored state of one idempotency key."""
+
+    scope: str
+    key: str
+    request_hash: str
+    status: Literal["in_flight", "completed"]
+    response: Any
+    created_at: datetime
+    expires_at: datetime
+    claimed: bool = field(default=False)
+    """True when this call inserted (or took over an expired) key."""
+
+
+class Transaction(Protocol):
+    """One database transaction with the semantic operations."""
+
+    engine_name: str
+
+    # --- the ownership protocol, one implementation for every queue ---------
+
+    async def claim(
+        self,
+        queue: QueueSpec,
+        *,
+        worker_id: str,
+        lease_seconds: float,
+        now: datetime,
+        limit: int = 1,
+        item_id: ItemId | None = None,
+    ) -> list[Lease]:
+        """Atomically lease up to ``limit`` ready items (or the one ``item_id``).
+
+        Sets the claimed status, worker, a fresh lease token, the expiry and the
+        heartbeat; increments ``claim_version``, and the attempt when a new
+        attempt starts. Concurrent claimers never receive the same item.
+        """
+        ...
+
+    async def inspect(self, queue: QueueSpec, item_id: ItemId) -> ItemState | None:
+        """The ownership columns of one item, or ``None`` if it does not exist."""
+        ...
+
+    async def heartbeat(
+        self, queue: QueueSpec, fence: Fence, *, now: datetime, expires_at: datetime
+    ) -> datetime | None:
+        """Extend a live lease matching ``fence``; the new expiry, or ``None`` if stale."""
+        ...
+
+    async def transition(
+        self,
+        queue: QueueSpec,
+        fence: Fence,
+        *,
+        sources: Collection[str],
+        target: str,
+        now: datetime,
+        values: Mapping[str, Any] | None = None,
+    ) -> bool:
+        """Fenced move from one of ``sources`` to ``target``; False if nothing matched."""
+        ...
+
+    async def complete_many(
+        self,
+        queue: QueueSpec,
+        fences: Sequence[Fence],
+        *,
+        sources: Collection[str],
+        now: datetime,
+    ) -> set[ItemId]:
+        """Fenced batch move to the done status in one statement; the ids that matched."""
+        ...
+
+    async def fail(
+        self,
+        queue: QueueSpec,
+        fence: Fence,
+        *,
+        now: datetime,
+        retryable: bool,
+        retry_at: datetime | None,
+        error: str,
+        expired_before: datetime | None = None,
+    ) -> tuple[str, bool] | None:
+        """Fenced failure of a leased item: retry (while budget remains) or dead-letter.
+
+        Returns the new status and whether a retry is scheduled, or ``None`` if
+        stale. With ``expired_before`` it
+        only matches a lease that expired before then (the reclaim path).
+        """
+        ...
+
+    async def expired(self, queue: QueueSpec, *, now: datetime, limit: int) -> list[Fence]:
+        """Fences of leased items whose lease expired before ``now``."""
+        ...
+
+    async def requeue_due(self, queue: QueueSpec, *, now: datetime, limit: int) -> int:
+        """Move failures whose retry time has come back to ready; how many moved."""
+        ...
+
+    async def force_transition(
+        self,
+        queue: QueueSpec,
+        item_ids: Sequence[ItemId],
+        *,
+        sources: Collection[str],
+        target: str,
+        now: datetime,
+        error: str | None = None,
+    ) -> set[ItemId]:
+        """Unfenced administrative move (cancellation); bumps ``claim_version``."""
+        ...
+
+    # --- tasks, outbox ------------------------------------------------------
+
+    async def create_tasks(self, tasks: Sequence[NewTask], *, now: datetime) -> list[TaskCreated]:
+        """Insert tasks; a duplicate ``(job_id, dedupe_key)`` returns the existing id."""
+        ...
+
+    async def insert_outbox(self, rows: Sequence[NewOutboxRow], *, now: datetime) -> list[int]:
+        """Insert outbox rows in this transaction; their ids."""
+        ...
+
+    def notify(self, channel: str) -> None:
+        """Wake listeners of ``channel`` once this transaction commits."""
+        ...
+
+    # --- idempotency keys ---------------------------------------------------
+
+    async def idempotency_claim(
+        self,
+        scope: str,
+        key: str,
+        request_hash: str,
+        *,
+        now: datetime,
+        expires_at: datetime,
+    ) -> IdempotencyRecord:
+        """Claim a key with one atomic insert, or return its stored record."""
+        ...
+
+    async def idempotency_complete(
+        self, scope: str, key: str, request_hash: str, response: Any, *, now: datetime
+    ) -> bool:
+        """Store the response of an in-flight key; False if it was not ours."""
+        ...
+
+    async def idempotency_release(self, scope: str, key: str, request_hash: str) -> bool:
+        """Drop an in-flight key whose request failed before any effect."""
+        ...
+
+    async def idempotency_sweep(self, *, now: datetime, limit: int) -> int:
+        """Delete up to ``limit`` expired keys; how many were deleted."""
+        ...
+
+
+class Repository(Protocol):
+    """A database: the factory of transactions, plus wake-ups."""
+
+    engine_name: str
+
+    def transaction(self) -> AbstractAsyncContextManager[Transaction]:
+        """A write transaction (on SQLite, ``BEGIN IMMEDIATE``)."""
+        ...
+
+    def read(self) -> AbstractAsyncContextManager[Transaction]:
+        """A read-only transaction."""
+        ...
+
+    async def wait_for_wakeup(self, channel: str, timeout: float) -> bool:
+        """Wait until ``channel`` is notified (True) or ``timeout`` seconds pass (False)."""
+        ...
+
+    async def close(self) -> None:
+        """Release connections and listeners."""
+        ...

@@ -1,0 +1,513 @@
+"""The SQLAlchemy Core implementation of the repository port, for both engines."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Collection, Mapping, Sequence
+from contextlib import asynccontextmanager
+from datetime import datetime, timedelta
+from typing import Any
+
+import anyio
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from trace_core.model import Fence, ItemState, Lease, QueueSpec
+from trace_core.storage import schema
+from trace_core.storage.engine import SQLITE_BEGIN, EngineSettings, create_engine
+from trace_core.storage.protocol import (
+    IdempotencyRecord,
+    NewOutboxRow,
+    NewTask,
+    TaskCreated,
+)
+from trace_core.storage.sql_errors import translate_errors
+from trace_core.storage.sql_leasing import LeaseStatements
+from trace_core.storage.url import DatabaseURL, parse_database_url
+from trace_core.wakeup import WakeupHub
+
+__all__ = ["SqlRepository", "SqlTransaction"]
+
+ItemId = uuid.UUID | int
+
+# Rows per multi-row INSERT: keeps SQLite under its bound-variable limit.
+_INSERT_CHUNK = 500
+
+
+class SqlTransaction:
+    """One open transaction; the semantic operations of the port."""
+
+    def __init__(self, conn: AsyncConnection, repo: SqlRepository) -> None:
+        self.connection = conn
+        """The SQLAlchemy connection, for tests and adapters that add their own
+        tables to the same transaction (e.g. a completion ledger)."""
+        self.engine_name = repo.engine_name
+        self._stmts = repo.statements
+        self.channels: set[str] = set()
+
+    def _insert(self, table: sa.Table) -> Any:
+        dialect = postgresql if self.engine_name == "postgres" else sqlite
+        return dialect.insert(table)
+
+    # --- ownership protocol -------------------------------------------------
+
+    async def claim(
+        self,
+        queue: QueueSpec,
+        *,
+        worker_id: str,
+        lease_seconds: float,
+        now: datetime,
+        limit: int = 1,
+        item_id: ItemId | None = None,
+    ) -> list[Lease]:
+        expires_at = now + timedelta(seconds=lease_seconds)
+        params: dict[str, Any] = {"b_worker_id": worker_id, "now": now, "expires_at": expires_at}
+        if item_id is not None:
+            params["item_id"] = item_id
+        else:
+            params["limit"] = limit
+        stmt = self._stmts.claim(queue, item_id is not None)
+        with translate_errors(f"claim {queue.name}"):
+            result = await self.connection.execute(stmt, params)
+            rows = result.all()
+        qt = self._stmts.table(queue)
+        data_keys = [col.key for col in qt.data]
+        return [
+            Lease(
+                queue=queue.name,
+                item_id=row[0],
+                attempt=row[1],
+                claim_version=row[2],
+                lease_token=row[3],
+                worker_id=worker_id,
+                expires_at=row[4],
+                max_attempts=row[5],
+                data=dict(zip(data_keys, row[6:], strict=True)),
+            )
+            for row in rows
+        ]
+
+    async def inspect(self, queue: QueueSpec, item_id: ItemId) -> ItemState | None:
+        with translate_errors(f"inspect {queue.name}"):
+            row = (
+                await self.connection.execute(self._stmts.inspect(queue), {"item_id": item_id})
+            ).first()
+        if row is None:
+            return None
+        return ItemState(*row)
+
+    def _fence_params(self, fence: Fence) -> dict[str, Any]:
+        params: dict[str, Any] = {
+            "item_id": fence.item_id,
+            "f_attempt": fence.attempt,
+            "f_lease_token": fence.lease_token,
+        }
+        if fence.claim_version is not None:
+            params["f_claim_version"] = fence.claim_version
+        return params
+
+    async def heartbeat(
+        self, queue: QueueSpec, fence: Fence, *, now: datetime, expires_at: datetime
+    ) -> datetime | None:
+        stmt = self._stmts.heartbeat(queue, fence.claim_version is not None)
+        params = self._fence_params(fence) | {"now": now, "expires_at": expires_at}
+        with translate_errors(f"heartbeat {queue.name}"):
+            value: datetime | None = (await self.connection.execute(stmt, params)).scalar()
+        return value
+
+    async def transition(
+        self,
+        queue: QueueSpec,
+        fence: Fence,
+        *,
+        sources: Collection[str],
+        target: str,
+        now: datetime,
+        values: Mapping[str, Any] | None = None,
+    ) -> bool:
+        qt = self._stmts.table(queue)
+        c = qt.c
+        new: dict[Any, Any] = {c.status: target}
+        if target == queue.done:
+            new[qt.finished_at] = now
+            new[c.lease_expires_at] = None
+        elif target not in queue.leased:
+            new[c.lease_expires_at] = None
+        for key, value in (values or {}).items():
+            new[qt.error if key == "error" else c[key]] = value
+        stmt = (
+            sa.update(qt.table)
+            .where(
+                *self._stmts.fence(qt, fence.claim_version is not None),
+                c.status.in_(sorted(sources)),
+            )
+            .values(new)
+        )
+        with translate_errors(f"{queue.name} -> {target}"):
+            result = await self.connection.execute(stmt, self._fence_params(fence))
+        return bool(result.rowcount)
+
+    async def complete_many(
+        self,
+        queue: QueueSpec,
+        fences: Sequence[Fence],
+        *,
+        sources: Collection[str],
+        now: datetime,
+    ) -> set[ItemId]:
+        if not fences:
+            return set()
+        qt = self._stmts.table(queue)
+        c = qt.c
+        keys = [(f.item_id, f.lease_token, f.attempt) for f in fences]
+        stmt = (
+            sa.update(qt.table)
+            .where(
+                sa.tuple_(c.id, c.lease_token, qt.attempt).in_(keys),
+                c.status.in_(sorted(sources)),
+            )
+            .values({c.status: queue.done, qt.finished_at: now, c.lease_expires_at: None})
+            .returning(c.id)
+        )
+        with translate_errors(f"complete {queue.name}"):
+            return set((await self.connection.execute(stmt)).scalars().all())
+
+    async def fail(
+        self,
+        queue: QueueSpec,
+        fence: Fence,
+        *,
+        now: datetime,
+        retryable: bool,
+        retry_at: datetime | None,
+        error: str,
+        expired_before: datetime | None = None,
+    ) -> tuple[str, bool] | None:
+        qt = self._stmts.table(queue)
+        c = qt.c
+        retry: sa.ColumnElement[bool] = (
+            sa.and_(qt.attempt < c.max_attempts, sa.literal(retry_at is not None))
+            if retryable and retry_at is not None
+            else sa.false()
+        )
+        dead_retry_at = None if qt.retry_at.nullable else qt.retry_at
+        values: dict[Any, Any] = {
+            c.status: sa.case((retry, queue.retry_to), else_=queue.dead),
+            qt.retry_at: sa.case((retry, retry_at), else_=dead_retry_at),
+            qt.finished_at: sa.case((retry, qt.finished_at), else_=now),
+            qt.error: error,
+            c.lease_expires_at: None,
+        }
+        where = [*self._stmts.fence(qt, fence.claim_version is not None)]
+        where.append(c.status.in_(sorted(queue.leased)))
+        if expired_before is not None:
+            where.append(c.lease_expires_at < expired_before)
+            if queue.expiry_bumps_claim_version:
+                values[c.claim_version] = c.claim_version + 1
+        stmt = (
+            sa.update(qt.table)
+            .where(*where)
+            .values(values)
+            .returning(c.status, sa.case((retry, True), else_=False))
+        )
+        with translate_errors(f"fail {queue.name}"):
+            row = (await self.connection.execute(stmt, self._fence_params(fence))).first()
+        return None if row is None else (row[0], bool(row[1]))
+
+    async def expired(self, queue: QueueSpec, *, now: datetime, limit: int) -> list[Fence]:
+        with translate_errors(f"expired {queue.name}"):
+            rows = (
+                await self.connection.execute(
+                    self._stmts.expired(queue), {"now": now, "limit": limit}
+                )
+            ).all()
+        return [Fence(r[0], r[1], r[2], r[3]) for r in rows]
+
+    async def requeue_due(self, queue: QueueSpec, *, now: datetime, limit: int) -> int:
+        with translate_errors(f"requeue {queue.name}"):
+            result = await self.connection.execute(
+                self._stmts.requeue_due(queue), {"now": now, "limit": limit}
+            )
+        return int(result.rowcount)
+
+    async def force_transition(
+        self,
+        queue: QueueSpec,
+        item_ids: Sequence[ItemId],
+        *,
+        sources: Collection[str],
+        target: str,
+        now: datetime,
+        error: str | None = None,
+    ) -> set[ItemId]:
+        if not item_ids:
+            return set()
+        qt = self._stmts.table(queue)
+        c = qt.c
+        values: dict[Any, Any] = {
+            c.status: target,
+            c.claim_version: c.claim_version + 1,
+            c.lease_expires_at: None,
+        }
+        if target in queue.lifecycle.terminal:
+            values[qt.finished_at] = now
+        if error is not None:
+            values[qt.error] = error
+        stmt = (
+            sa.update(qt.table)
+            .where(c.id.in_(list(item_ids)), c.status.in_(sorted(sources)))
+            .values(values)
+            .returning(c.id)
+        )
+        with translate_errors(f"{queue.name} -> {target}"):
+            return set((await self.connection.execute(stmt)).scalars().all())
+
+    # --- tasks and outbox ---------------------------------------------------
+
+    async def create_tasks(self, tasks: Sequence[NewTask], *, now: datetime) -> list[TaskCreated]:
+        t = schema.tasks
+        rows = [
+            {
+                "id": uuid.uuid4(),
+                "job_id": task.job_id,
+                "dedupe_key": task.dedupe_key,
+                "status": "Queued",
+                "attempt": 1,
+                "claim_version": 0,
+                "partitions": list(task.partitions) if task.partitions is not None else None,
+                "input_versions": dict(task.input_versions)
+                if task.input_versions is not None
+                else None,
+                "max_attempts": task.max_attempts,
+                "created_at": now,
+            }
+            for task in tasks
+        ]
+        created: set[uuid.UUID] = set()
+        with translate_errors("create tasks"):
+            for start in range(0, len(rows), _INSERT_CHUNK):
+                chunk = rows[start : start + _INSERT_CHUNK]
+                stmt = self._insert(t).values(chunk).on_conflict_do_nothing().returning(t.c.id)
+                created.update((await self.connection.execute(stmt)).scalars().all())
+            existing = await self._existing_task_ids(
+                [(r["job_id"], r["dedupe_key"]) for r in rows if r["id"] not in created]
+            )
+        out: list[TaskCreated] = []
+        for row in rows:
+            task_id = row["id"]
+            if task_id in created:
+                out.append(TaskCreated(task_id, True, row["dedupe_key"]))
+            else:
+                out.append(
+                    TaskCreated(
+                        existing[(row["job_id"], row["dedupe_key"])], False, row["dedupe_key"]
+                    )
+                )
+        return out
+
+    async def _existing_task_ids(
+        self, keys: list[tuple[uuid.UUID, str | None]]
+    ) -> dict[tuple[uuid.UUID, str | None], uuid.UUID]:
+        if not keys:
+            return {}
+        t = schema.tasks
+        stmt = sa.select(t.c.job_id, t.c.dedupe_key, t.c.id).where(
+            sa.tuple_(t.c.job_id, t.c.dedupe_key).in_(keys)
+        )
+        rows = (await self.connection.execute(stmt)).all()
+        return {(r[0], r[1]): r[2] for r in rows}
+
+    async def insert_outbox(self, rows: Sequence[NewOutboxRow], *, now: datetime) -> list[int]:
+        if not rows:
+            return []
+        t = schema.outbox
+        values = [
+            {
+                "kind": row.kind,
+                "payload": dict(row.payload),
+                "status": "Pending",
+                "available_at": row.available_at or now,
+                "attempts": 0,
+                "claim_version": 0,
+                "max_attempts": row.max_attempts,
+                "created_at": now,
+            }
+            for row in rows
+        ]
+        ids: list[int] = []
+        with translate_errors("insert outbox"):
+            for start in range(0, len(values), _INSERT_CHUNK):
+                stmt = sa.insert(t).values(values[start : start + _INSERT_CHUNK]).returning(t.c.id)
+                ids.extend((await self.connection.execute(stmt)).scalars().all())
+        return ids
+
+    def notify(self, channel: str) -> None:
+        self.channels.add(channel)
+
+    # --- idempotency keys ---------------------------------------------------
+
+    async def idempotency_claim(
+        self,
+        scope: str,
+        key: str,
+        request_hash: str,
+        *,
+        now: datetime,
+        expires_at: datetime,
+    ) -> IdempotencyRecord:
+        t = schema.idempotency_keys
+        fresh = {
+            "request_hash": request_hash,
+            "status": "in_flight",
+            "response": None,
+            "created_at": now,
+            "completed_at": None,
+            "expires_at": expires_at,
+        }
+        cols = (t.c.request_hash, t.c.status, t.c.response, t.c.created_at, t.c.expires_at)
+        # One atomic statement: insert, or take over a key that has expired.
+        # The conflict branch's WHERE makes a live key a no-op (no row back).
+        stmt = (
+            self._insert(t)
+            .values(scope=scope, key=key, **fresh)
+            .on_conflict_do_update(
+                index_elements=[t.c.scope, t.c.key],
+                set_=fresh,
+                where=t.c.expires_at <= now,
+            )
+            .returning(*cols)
+        )
+        with translate_errors("idempotency claim"):
+            row = (await self.connection.execute(stmt)).first()
+            claimed = row is not None
+            if row is None:
+                row = (
+                    await self.connection.execute(
+                        sa.select(*cols).where(t.c.scope == scope, t.c.key == key)
+                    )
+                ).one()
+        return IdempotencyRecord(scope, key, row[0], row[1], row[2], row[3], row[4], claimed)
+
+    async def idempotency_complete(
+        self, scope: str, key: str, request_hash: str, response: Any, *, now: datetime
+    ) -> bool:
+        t = schema.idempotency_keys
+        stmt = (
+            sa.update(t)
+            .where(
+                t.c.scope == scope,
+                t.c.key == key,
+                t.c.request_hash == request_hash,
+                t.c.status == "in_flight",
+            )
+            .values(status="completed", response=response, completed_at=now)
+        )
+        with translate_errors("idempotency complete"):
+            return bool((await self.connection.execute(stmt)).rowcount)
+
+    async def idempotency_release(self, scope: str, key: str, request_hash: str) -> bool:
+        t = schema.idempotency_keys
+        stmt = sa.delete(t).where(
+            t.c.scope == scope,
+            t.c.key == key,
+            t.c.request_hash == request_hash,
+            t.c.status == "in_flight",
+        )
+        with translate_errors("idempotency release"):
+            return bool((await self.connection.execute(stmt)).rowcount)
+
+    async def idempotency_sweep(self, *, now: datetime, limit: int) -> int:
+        t = schema.idempotency_keys
+        pick = sa.select(t.c.scope, t.c.key).where(t.c.expires_at <= now).limit(limit)
+        stmt = sa.delete(t).where(sa.tuple_(t.c.scope, t.c.key).in_(pick))
+        with translate_errors("idempotency sweep"):
+            return int((await self.connection.execute(stmt)).rowcount)
+
+
+class SqlRepository:
+    """A Trace database on SQLite or Postgres, reached through SQLAlchemy."""
+
+    def __init__(
+        self,
+        url: str | DatabaseURL,
+        settings: EngineSettings | None = None,
+        *,
+        hub: WakeupHub | None = None,
+    ) -> None:
+        self.url = url if isinstance(url, DatabaseURL) else parse_database_url(url)
+        self.engine_name = self.url.engine
+        self.engine: AsyncEngine = create_engine(self.url, settings)
+        self.statements = LeaseStatements(self.engine_name)
+        self.hub = hub or WakeupHub()
+        # SQLite has one writer. Writers of this process queue here, on an
+        # async lock, instead of spinning in SQLite's busy handler.
+        self._write_lock = anyio.Lock() if self.engine_name == "sqlite" else None
+        self._listener: Any = None
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[SqlTransaction]:
+        """A write transaction; its channels are notified after commit."""
+        if self._write_lock is not None:
+            async with self._write_lock:
+                async with self._open(write=True) as tx:
+                    yield tx
+        else:
+            async with self._open(write=True) as tx:
+                yield tx
+
+    @asynccontextmanager
+    async def read(self) -> AsyncIterator[SqlTransaction]:
+        """A read-only transaction (SQLite: deferred, takes no write lock)."""
+        async with self._open(write=False) as tx:
+            yield tx
+
+    @asynccontextmanager
+    async def _open(self, *, write: bool) -> AsyncIterator[SqlTransaction]:
+        with translate_errors("connect"):
+            conn = await self.engine.connect()
+        try:
+            if self.engine_name == "sqlite":
+                mode = "IMMEDIATE" if write else "DEFERRED"
+                await conn.execution_options(**{SQLITE_BEGIN: mode})
+            with translate_errors("begin"):
+                await conn.begin()
+            tx = SqlTransaction(conn, self)
+            try:
+                yield tx
+                if tx.channels and self.engine_name == "postgres":
+                    # Delivered by Postgres at commit; one per channel per
+                    # transaction, however many rows it wrote.
+                    for channel in sorted(tx.channels):
+                        await conn.execute(
+                            sa.select(sa.func.pg_notify(channel, "")),
+                        )
+                with translate_errors("commit"):
+                    await conn.commit()
+            except BaseException:
+                with anyio.CancelScope(shield=True):
+                    await conn.rollback()
+                raise
+        finally:
+            with anyio.CancelScope(shield=True):
+                await conn.close()
+        for channel in tx.channels:
+            self.hub.fire(channel)
+
+    async def wait_for_wakeup(self, channel: str, timeout: float) -> bool:
+        """Wait for a commit on ``channel`` here or (Postgres) in another process."""
+        if self.engine_name == "postgres" and self._listener is None:
+            from trace_core.storage.pg_listener import PgListener
+
+            self._listener = PgListener(self.url, self.hub)
+        if self._listener is not None:
+            self._listener.listen(channel)
+        return await self.hub.wait(channel, timeout)
+
+    async def close(self) -> None:
+        """Dispose of the pool and stop the listener."""
+        if self._listener is not None:
+            self._listener.stop()
+            self._listener = None
+        await self.engine.dispose()

@@ -1,0 +1,173 @@
+"""SQL statements of the ownership protocol, for any queue and either engine.
+
+Every statement here is built once per (queue, shape) and cached; values go
+in as bind parameters. The dialect differences are exactly two: Postgres
+locks the claim's candidate rows with ``FOR UPDATE SKIP LOCKED`` (SQLite's
+``BEGIN IMMEDIATE`` already serializes writers), and the fresh lease token is
+``gen_random_uuid()`` on Postgres and 16 random bytes in hex on SQLite.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import sqlalchemy as sa
+
+from trace_core.model import QueueSpec
+from trace_core.storage.queue_tables import QUEUE_TABLES, QueueTable
+
+__all__ = ["LeaseStatements"]
+
+
+def _random_token(engine_name: str) -> sa.ColumnElement[Any]:
+    if engine_name == "postgres":
+        return sa.func.gen_random_uuid()
+    # A Uuid column is 32 hex characters on SQLite.
+    return sa.func.lower(sa.func.hex(sa.func.randomblob(16)))
+
+
+class LeaseStatements:
+    """Builds (and caches) the protocol's statements for one engine."""
+
+    def __init__(self, engine_name: str) -> None:
+        self.engine_name = engine_name
+
+    def table(self, queue: QueueSpec) -> QueueTable:
+        """The physical table of ``queue``."""
+        return QUEUE_TABLES[queue.name]
+
+    def _returning(self, qt: QueueTable) -> tuple[sa.ColumnElement[Any], ...]:
+        c = qt.c
+        return (
+            c.id,
+            qt.attempt,
+            c.claim_version,
+            c.lease_token,
+            c.lease_expires_at,
+            c.max_attempts,
+            *qt.data,
+        )
+
+    @functools.cache  # noqa: B019 - one instance per engine, lives as long as the process
+    def claim(self, queue: QueueSpec, by_id: bool) -> sa.Update:
+        """Lease ready items: by id, or the oldest ``:limit`` ones."""
+        qt = self.table(queue)
+        c = qt.c
+        ready = [c.status == queue.ready]
+        if qt.ready_at is not None:
+            ready.append(qt.ready_at <= sa.bindparam("now"))
+        if queue.first_claim_keeps_attempt:
+            attempt: sa.ColumnElement[Any] = sa.case(
+                (c.claim_version == 0, qt.attempt), else_=qt.attempt + 1
+            )
+        else:
+            attempt = qt.attempt + 1
+        values: dict[Any, Any] = {
+            c.status: queue.claimed,
+            c.worker_id: sa.bindparam("b_worker_id"),
+            c.lease_token: _random_token(self.engine_name),
+            c.lease_expires_at: sa.bindparam("expires_at"),
+            qt.heartbeat: sa.bindparam("now"),
+            c.claim_version: c.claim_version + 1,
+            qt.attempt: attempt,
+        }
+        if qt.started_at is not None:
+            values[qt.started_at] = sa.bindparam("now")
+        stmt = sa.update(qt.table)
+        if by_id:
+            stmt = stmt.where(c.id == sa.bindparam("item_id"), *ready)
+        else:
+            pick = sa.select(c.id).where(*ready).order_by(*qt.order_by).limit(sa.bindparam("limit"))
+            if self.engine_name == "postgres":
+                pick = pick.with_for_update(skip_locked=True)
+            # The status test is repeated outside the subquery so a row that a
+            # concurrent claim took between pick and update is not re-taken.
+            stmt = stmt.where(c.id.in_(pick.scalar_subquery()), c.status == queue.ready)
+        return stmt.values(values).returning(*self._returning(qt))
+
+    @functools.cache  # noqa: B019
+    def inspect(self, queue: QueueSpec) -> sa.Select[Any]:
+        """The ownership columns of one item."""
+        qt = self.table(queue)
+        c = qt.c
+        return sa.select(
+            c.id,
+            c.status,
+            qt.attempt,
+            c.claim_version,
+            c.lease_token,
+            c.lease_expires_at,
+            c.max_attempts,
+            qt.retry_at,
+            qt.error,
+        ).where(c.id == sa.bindparam("item_id"))
+
+    def fence(self, qt: QueueTable, with_claim_version: bool) -> list[sa.ColumnElement[bool]]:
+        """The ``WHERE`` of a fenced write: item, attempt, token (and claim_version)."""
+        c = qt.c
+        cond = [
+            c.id == sa.bindparam("item_id"),
+            qt.attempt == sa.bindparam("f_attempt"),
+            c.lease_token == sa.bindparam("f_lease_token", type_=c.lease_token.type),
+        ]
+        if with_claim_version:
+            cond.append(c.claim_version == sa.bindparam("f_claim_version"))
+        return cond
+
+    @functools.cache  # noqa: B019
+    def heartbeat(self, queue: QueueSpec, with_claim_version: bool) -> sa.Update:
+        """Extend a live, matching lease."""
+        qt = self.table(queue)
+        c = qt.c
+        return (
+            sa.update(qt.table)
+            .where(*self.fence(qt, with_claim_version), c.status.in_(sorted(queue.leased)))
+            .values(
+                {c.lease_expires_at: sa.bindparam("expires_at"), qt.heartbeat: sa.bindparam("now")}
+            )
+            .returning(c.lease_expires_at)
+        )
+
+    @functools.cache  # noqa: B019
+    def expired(self, queue: QueueSpec) -> sa.Select[Any]:
+        """Leased items whose lease ran out."""
+        qt = self.table(queue)
+        c = qt.c
+        stmt = (
+            sa.select(c.id, qt.attempt, c.lease_token, c.claim_version)
+            .where(
+                c.status.in_(sorted(queue.leased)),
+                c.lease_expires_at < sa.bindparam("now"),
+            )
+            .order_by(c.lease_expires_at)
+            .limit(sa.bindparam("limit"))
+        )
+        if self.engine_name == "postgres":
+            stmt = stmt.with_for_update(skip_locked=True)
+        return stmt
+
+    @functools.cache  # noqa: B019
+    def requeue_due(self, queue: QueueSpec) -> sa.Update:
+        """Failures whose retry time came: back to ready."""
+        qt = self.table(queue)
+        c = qt.c
+        pick = (
+            sa.select(c.id)
+            .where(
+                c.status == queue.retry_to,
+                qt.retry_at.is_not(None),
+                qt.retry_at <= sa.bindparam("now"),
+            )
+            .limit(sa.bindparam("limit"))
+        )
+        if self.engine_name == "postgres":
+            pick = pick.with_for_update(skip_locked=True)
+        values: dict[Any, Any] = {c.status: queue.ready}
+        if qt.ready_at is None:
+            values[qt.retry_at] = None
+        return (
+            sa.update(qt.table)
+            .where(c.id.in_(pick.scalar_subquery()), c.status == queue.retry_to)
+            .values(values)
+        )

@@ -1,0 +1,94 @@
+"""Column types portable across SQLite and Postgres.
+
+Postgres gets its native types (UUID, TIMESTAMPTZ, JSONB, TEXT[]); SQLite
+stores the same values as text, and every value comes back as the same Python
+type on both engines.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.engine import Dialect
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.compiler import SQLCompiler
+
+__all__ = ["EmptyArray", "JSONDoc", "StringArray", "UTCDateTime", "Uuid"]
+
+Uuid = sa.Uuid
+"""Native ``UUID`` on Postgres, 32-hex ``CHAR`` on SQLite; Python ``uuid.UUID`` on both."""
+
+JSONDoc = sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
+"""``JSONB`` on Postgres, JSON text on SQLite."""
+
+
+class UTCDateTime(sa.types.TypeDecorator[datetime]):
+    """A timezone-aware UTC timestamp: ``TIMESTAMPTZ`` on Postgres.
+
+    On SQLite the value is stored as naive UTC ISO text (fixed width, so text
+    comparison orders correctly) and comes back aware. Naive inputs are
+    refused: a naive timestamp is a bug waiting for a daylight-saving change.
+    """
+
+    impl = sa.DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given for a UTC timestamp column")
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value.astimezone(UTC)
+
+
+class StringArray(sa.types.TypeDecorator[list[str]]):
+    """``TEXT[]`` on Postgres, a JSON array in text on SQLite."""
+
+    impl = sa.Text
+    cache_ok = True
+
+    def load_dialect_impl(self, dialect: Dialect) -> sa.types.TypeEngine[Any]:
+        if dialect.name == "postgresql":
+            return dialect.type_descriptor(postgresql.ARRAY(sa.Text()))
+        return dialect.type_descriptor(sa.Text())
+
+    def process_bind_param(self, value: list[str] | None, dialect: Dialect) -> Any:
+        if value is None or dialect.name == "postgresql":
+            return value
+        return json.dumps(list(value))
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> list[str] | None:
+        if value is None:
+            return None
+        if isinstance(value, str):
+            loaded = json.loads(value)
+            return [str(v) for v in loaded]
+        return list(value)
+
+
+class EmptyArray(sa.sql.expression.ColumnElement[list[str]]):
+    """The server default of an empty :class:`StringArray` on either engine."""
+
+    inherit_cache = True
+
+
+@compiles(EmptyArray, "postgresql")
+def _empty_array_pg(element: EmptyArray, compiler: SQLCompiler, **kw: Any) -> str:
+    return "'{}'"
+
+
+@compiles(EmptyArray)
+def _empty_array_default(element: EmptyArray, compiler: SQLCompiler, **kw: Any) -> str:
+    return "'[]'"
