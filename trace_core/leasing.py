@@ -275,11 +275,13 @@ class LeaseQueue:
                 (report.retried if outcome.retrying else report.dead_lettered).append(fence.item_id)
         return report
 
-    async def requeue_due(self, *, limit: int | None = None) -> int:
-        """Move failures whose retry time has come back to ready."""
+    async def requeue_due(
+        self, *, limit: int | None = None, tx: Transaction | None = None
+    ) -> list[ItemId]:
+        """Move failures whose retry time has come back to ready; the ids moved."""
         if not self.queue.requeues_later:
-            return 0
-        async with self.repo.transaction() as t:
+            return []
+        async with self._tx(tx) as t:
             return await t.requeue_due(
                 self.queue, now=self.clock.now(), limit=limit or self.config.max_batch
             )

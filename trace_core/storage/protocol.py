@@ -158,8 +158,8 @@ class Transaction(Protocol):
         """Fences of leased items whose lease expired before ``now``."""
         ...
 
-    async def requeue_due(self, queue: QueueSpec, *, now: datetime, limit: int) -> int:
-        """Move failures whose retry time has come back to ready; how many moved."""
+    async def requeue_due(self, queue: QueueSpec, *, now: datetime, limit: int) -> list[ItemId]:
+        """Move failures whose retry time has come back to ready; the ids moved."""
         ...
 
     async def force_transition(

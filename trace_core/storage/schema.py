@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 
 import sqlalchemy as sa
 
-from trace_core.storage.types import EmptyArray, JSONDoc, StringArray, UTCDateTime, Uuid
+from trace_core.storage.column_types import EmptyArray, JSONDoc, StringArray, UTCDateTime, Uuid
 
 __all__ = ["metadata"]
 

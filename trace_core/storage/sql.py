@@ -46,6 +46,10 @@ class SqlTransaction:
         self._stmts = repo.statements
         self.channels: set[str] = set()
 
+    def insert(self, table: sa.Table) -> Any:
+        """A dialect INSERT (with ``on_conflict_do_nothing``) for ``table``."""
+        return self._insert(table)
+
     def _insert(self, table: sa.Table) -> Any:
         dialect = postgresql if self.engine_name == "postgres" else sqlite
         return dialect.insert(table)
@@ -225,12 +229,12 @@ class SqlTransaction:
             ).all()
         return [Fence(r[0], r[1], r[2], r[3]) for r in rows]
 
-    async def requeue_due(self, queue: QueueSpec, *, now: datetime, limit: int) -> int:
+    async def requeue_due(self, queue: QueueSpec, *, now: datetime, limit: int) -> list[ItemId]:
         with translate_errors(f"requeue {queue.name}"):
             result = await self.connection.execute(
                 self._stmts.requeue_due(queue), {"now": now, "limit": limit}
             )
-        return int(result.rowcount)
+            return list(result.scalars().all())
 
     async def force_transition(
         self,

@@ -170,4 +170,5 @@ class LeaseStatements:
             sa.update(qt.table)
             .where(c.id.in_(pick.scalar_subquery()), c.status == queue.retry_to)
             .values(values)
+            .returning(c.id)
         )

@@ -10,7 +10,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-import trace_core.storage.types
+import trace_core.storage.column_types
 
 ${imports if imports else ""}
 revision = ${repr(up_revision)}

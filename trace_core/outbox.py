@@ -1,0 +1,193 @@
+"""The outbox relay: performs side effects recorded by committed transactions.
+
+It claims batches of outbox rows with the same lease protocol as tasks, runs
+the handler registered for each row's ``kind`` (with bounded concurrency),
+marks successes done in one fenced statement, and retries failures with
+backoff and jitter until their attempts run out (then ``Failed``, the dead
+letter). It wakes at once after a local commit on the outbox channel (and,
+on Postgres, after a commit in another process, through LISTEN/NOTIFY), and
+otherwise polls at a jittered interval (euterpe-contract.md §12 defaults).
+
+Handlers must be idempotent: delivery is at-least-once (a relay that dies
+after the side effect and before marking the row done repeats it).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+
+from trace_core.clock import Clock, SystemClock
+from trace_core.errors import ConfigurationError, StaleClaim
+from trace_core.identity import worker_id as default_worker_id
+from trace_core.leasing import LeaseConfig, LeaseQueue
+from trace_core.model import OUTBOX, Lease
+from trace_core.retry import RetryClass, RetryPolicy
+from trace_core.storage.protocol import NewOutboxRow, Repository, Transaction
+
+__all__ = [
+    "OUTBOX_CHANNEL",
+    "OutboxHandler",
+    "OutboxRelay",
+    "PermanentFailure",
+    "RelayConfig",
+    "write_outbox",
+]
+
+log = logging.getLogger(__name__)
+
+OUTBOX_CHANNEL = "trace_outbox"
+
+OutboxHandler = Callable[[Mapping[str, Any]], Awaitable[None]]
+"""Performs one side effect from a row's payload; raises to request a retry."""
+
+
+class PermanentFailure(Exception):
+    """Raised by a handler for an error no retry can fix: dead-letter at once."""
+
+
+@dataclass(frozen=True)
+class RelayConfig:
+    """Relay settings; defaults from euterpe-contract.md §12."""
+
+    batch_size: int = 10
+    poll_min_seconds: float = 0.5
+    poll_max_seconds: float = 1.5
+    concurrency: int = 5
+    lease_seconds: float = 60.0
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.batch_size <= 1000:
+            raise ConfigurationError("RelayConfig.batch_size must be within 1..1000")
+        if not 0 < self.poll_min_seconds <= self.poll_max_seconds:
+            raise ConfigurationError(
+                "RelayConfig.poll_min_seconds must be > 0 and <= poll_max_seconds"
+            )
+        if self.concurrency < 1:
+            raise ConfigurationError("RelayConfig.concurrency must be >= 1")
+        if self.lease_seconds <= 0:
+            raise ConfigurationError("RelayConfig.lease_seconds must be > 0")
+
+
+async def write_outbox(tx: Transaction, rows: Sequence[NewOutboxRow], now: Any) -> list[int]:
+    """Insert outbox rows in ``tx`` and wake relays once it commits."""
+    ids = await tx.insert_outbox(rows, now=now)
+    if ids:
+        tx.notify(OUTBOX_CHANNEL)
+    return ids
+
+
+class OutboxRelay:
+    """Drains the outbox: claim, handle, mark done / retry / dead-letter."""
+
+    def __init__(
+        self,
+        repo: Repository,
+        handlers: Mapping[str, OutboxHandler],
+        *,
+        clock: Clock | None = None,
+        config: RelayConfig | None = None,
+        retry: RetryPolicy | None = None,
+        worker_id: str | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.repo = repo
+        self.handlers = dict(handlers)
+        self.config = config or RelayConfig()
+        self.worker_id = worker_id or default_worker_id()
+        self._rng = rng or random.Random()
+        self.leases = LeaseQueue(
+            repo,
+            OUTBOX,
+            clock=clock or SystemClock(),
+            config=LeaseConfig(lease_seconds=self.config.lease_seconds),
+            retry=retry,
+            rng=self._rng,
+        )
+        self._stop = anyio.Event()
+        self._stopped = anyio.Event()
+
+    async def run_once(self) -> int:
+        """Reclaim expired rows, then claim and handle one batch; rows handled."""
+        await self.leases.reclaim_expired()
+        leases = await self.leases.claim_batch(self.worker_id, self.config.batch_size)
+        if not leases:
+            return 0
+        done: list[Lease] = []
+        limiter = anyio.CapacityLimiter(self.config.concurrency)
+
+        async def handle(lease: Lease) -> None:
+            async with limiter:
+                if await self._handle(lease):
+                    done.append(lease)
+
+        async with anyio.create_task_group() as tg:
+            for lease in leases:
+                tg.start_soon(handle, lease)
+        if done:
+            await self.leases.complete_many([lease.fence for lease in done])
+        return len(leases)
+
+    async def _handle(self, lease: Lease) -> bool:
+        kind = str(lease.data["kind"])
+        handler = self.handlers.get(kind)
+        try:
+            if handler is None:
+                raise PermanentFailure(f"no handler registered for outbox kind {kind!r}")
+            await handler(lease.data["payload"])
+            return True
+        except Exception as exc:  # noqa: BLE001 - any handler error is a delivery failure
+            retry_class = (
+                RetryClass.FATAL if isinstance(exc, PermanentFailure) else RetryClass.RETRYABLE
+            )
+            error = f"{type(exc).__name__}: {exc}"
+            try:
+                outcome = await self.leases.fail(lease.fence, error, retry_class=retry_class)
+            except StaleClaim:
+                return False  # reclaimed meanwhile: another relay owns the row now
+            log.warning(
+                "outbox row %s (%s) failed on attempt %d: %s; %s",
+                lease.item_id,
+                kind,
+                lease.attempt,
+                type(exc).__name__,
+                "retrying" if outcome.retrying else "dead-lettered",
+            )
+            return False
+
+    async def run(self) -> None:
+        """Drain until :meth:`stop`; full batches loop at once, else wait or poll."""
+        try:
+            while not self._stop.is_set():
+                handled = await self.run_once()
+                if handled >= self.config.batch_size:
+                    continue
+                timeout = self._rng.uniform(
+                    self.config.poll_min_seconds, self.config.poll_max_seconds
+                )
+                with anyio.move_on_after(timeout):
+                    async with anyio.create_task_group() as tg:
+
+                        async def stop_waiter() -> None:
+                            await self._stop.wait()
+                            tg.cancel_scope.cancel()
+
+                        tg.start_soon(stop_waiter)
+                        await self.repo.wait_for_wakeup(OUTBOX_CHANNEL, timeout)
+                        tg.cancel_scope.cancel()
+        finally:
+            self._stopped.set()
+
+    async def start(self, task_group: anyio.abc.TaskGroup) -> None:
+        """Run :meth:`run` in ``task_group``."""
+        task_group.start_soon(self.run)
+
+    async def stop(self) -> None:
+        """Ask the loop to finish its current batch and exit; wait for it."""
+        self._stop.set()
+        await self._stopped.wait()

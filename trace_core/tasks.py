@@ -1,0 +1,148 @@
+"""Tasks: creation with dedupe keys and wake-up outbox rows, on the lease protocol.
+
+A task's side effect (waking a worker: SQS, a Lambda invoke, an in-process
+queue) is an ``enqueue_task`` outbox row written in the same transaction as
+the task itself, and again when a retry puts it back to ``Queued``.
+"""
+
+from __future__ import annotations
+
+import random
+import uuid
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from trace_core.clock import Clock, SystemClock
+from trace_core.errors import ConfigurationError
+from trace_core.leasing import FailOutcome, LeaseConfig, LeaseQueue, ReclaimReport
+from trace_core.model import TASKS, ClaimOutcome, Fence, Lease
+from trace_core.outbox import write_outbox
+from trace_core.retry import RetryClass, RetryPolicy
+from trace_core.storage.protocol import (
+    NewOutboxRow,
+    NewTask,
+    Repository,
+    TaskCreated,
+    Transaction,
+)
+
+__all__ = ["ENQUEUE_TASK", "TASKS_CHANNEL", "TaskQueue"]
+
+ENQUEUE_TASK = "enqueue_task"
+"""Outbox kind: deliver a ``{"task_id": ...}`` wake-up."""
+
+TASKS_CHANNEL = "trace_tasks"
+"""Wake-up channel notified when tasks become claimable."""
+
+
+class TaskQueue:
+    """The task side of the ownership protocol."""
+
+    def __init__(
+        self,
+        repo: Repository,
+        *,
+        clock: Clock | None = None,
+        config: LeaseConfig | None = None,
+        retry: RetryPolicy | None = None,
+        rng: random.Random | None = None,
+        wakeup_outbox: bool = True,
+    ) -> None:
+        self.repo = repo
+        self.clock = clock or SystemClock()
+        self.leases = LeaseQueue(repo, TASKS, clock=self.clock, config=config, retry=retry,
+                                 rng=rng)
+        self.wakeup_outbox = wakeup_outbox
+        """Write ``enqueue_task`` outbox rows (needed when wake-ups go through a
+        queue such as SQS; a deployment whose workers only poll may turn it off)."""
+
+    async def create(
+        self, tasks: Sequence[NewTask], *, tx: Transaction | None = None
+    ) -> list[TaskCreated]:
+        """Create tasks; one per ``(job_id, dedupe_key)`` however often asked.
+
+        Race-safe: concurrent creators of the same key get the same task id,
+        and only the one that inserted it writes the wake-up.
+        """
+        for i, task in enumerate(tasks):
+            if task.max_attempts < 1:
+                raise ConfigurationError(f"tasks[{i}].max_attempts must be >= 1")
+            if task.dedupe_key is not None and not task.dedupe_key.strip():
+                raise ConfigurationError(f"tasks[{i}].dedupe_key must not be blank")
+        if tx is not None:
+            return await self._create(tx, tasks)
+        async with self.repo.transaction() as t:
+            return await self._create(t, tasks)
+
+    async def _create(self, tx: Transaction, tasks: Sequence[NewTask]) -> list[TaskCreated]:
+        now = self.clock.now()
+        created = await tx.create_tasks(tasks, now=now)
+        await self._wake(tx, [c.task_id for c in created if c.created], now)
+        return created
+
+    async def _wake(self, tx: Transaction, task_ids: Sequence[uuid.UUID], now: datetime) -> None:
+        if not task_ids:
+            return
+        if self.wakeup_outbox:
+            await write_outbox(
+                tx, [NewOutboxRow(ENQUEUE_TASK, {"task_id": str(t)}) for t in task_ids], now
+            )
+        tx.notify(TASKS_CHANNEL)
+
+    async def claim(self, task_id: uuid.UUID, worker_id: str) -> ClaimOutcome:
+        """Claim one task by id (``/internal/task-claim``)."""
+        return await self.leases.claim(task_id, worker_id)
+
+    async def claim_batch(self, worker_id: str, limit: int) -> list[Lease]:
+        """Claim up to ``limit`` queued tasks, oldest first."""
+        return await self.leases.claim_batch(worker_id, limit)
+
+    async def heartbeat(self, fence: Fence) -> datetime:
+        """Extend the lease of the current attempt."""
+        return await self.leases.heartbeat(fence)
+
+    async def complete(
+        self,
+        fence: Fence,
+        *,
+        outputs: Sequence[Mapping[str, Any]] | None = None,
+        tx: Transaction | None = None,
+    ) -> None:
+        """Mark the current attempt completed (a late reply included).
+
+        Accepted while the task is Running, or after a timeout mark as long as
+        no newer attempt has been claimed; rejected as stale otherwise.
+        """
+        values = {"outputs": list(outputs)} if outputs is not None else None
+        await self.leases.complete(fence, values=values, tx=tx)
+
+    async def complete_many(self, fences: Sequence[Fence]) -> set[Any]:
+        """Complete many attempts in one statement; the ids that were current."""
+        return await self.leases.complete_many(fences)
+
+    async def fail(
+        self,
+        fence: Fence,
+        error: str,
+        *,
+        retry_class: RetryClass = RetryClass.RETRYABLE,
+        tx: Transaction | None = None,
+    ) -> FailOutcome:
+        """Fail the current attempt: ``Failed`` with a retry time, or terminally."""
+        return await self.leases.fail(fence, error, retry_class=retry_class, tx=tx)
+
+    async def cancel(self, task_ids: Sequence[uuid.UUID], reason: str = "canceled") -> set[Any]:
+        """Cancel unfinished tasks; their current holders become stale."""
+        return await self.leases.cancel(task_ids, reason=reason)
+
+    async def reclaim_expired(self) -> ReclaimReport:
+        """The reaper's core: expired leases become ``Failed`` (retry or terminal)."""
+        return await self.leases.reclaim_expired()
+
+    async def requeue_due(self) -> list[Any]:
+        """The retry scheduler's core: due retries go back to ``Queued`` with a wake-up."""
+        async with self.repo.transaction() as tx:
+            ids = await self.leases.requeue_due(tx=tx)
+            await self._wake(tx, ids, self.clock.now())
+        return ids
