@@ -2,12 +2,12 @@ from __future__ import annotations
 
 import pytest
 
+from tests.factories import make_job
 from trace_core.clock import ManualClock
 from trace_core.leasing import LeaseConfig, LeaseQueue
 from trace_core.model import TASKS
 from trace_core.storage.protocol import NewTask
 from trace_core.storage.sql import SqlRepository
-from tests.factories import make_job
 
 pytestmark = pytest.mark.anyio
 
@@ -15,7 +15,9 @@ pytestmark = pytest.mark.anyio
 async def test_claim_complete(repo: SqlRepository, clock: ManualClock) -> None:
     job = await make_job(repo, clock.now())
     async with repo.transaction() as tx:
-        created = await tx.create_tasks([NewTask(job, dedupe_key="a"), NewTask(job)], now=clock.now())
+        created = await tx.create_tasks(
+            [NewTask(job, dedupe_key="a"), NewTask(job)], now=clock.now()
+        )
     assert all(c.created for c in created)
     q = LeaseQueue(repo, TASKS, clock=clock, config=LeaseConfig(lease_seconds=10))
     leases = await q.claim_batch("w1", 10)

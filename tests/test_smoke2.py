@@ -2,13 +2,13 @@ from __future__ import annotations
 
 import pytest
 
+from tests.factories import make_job
 from trace_core.clock import ManualClock
 from trace_core.idempotency import IdempotencyStore
 from trace_core.outbox import OutboxRelay
 from trace_core.storage.protocol import NewTask
 from trace_core.storage.sql import SqlRepository
 from trace_core.tasks import TaskQueue
-from tests.factories import make_job
 
 pytestmark = pytest.mark.anyio
 
@@ -18,8 +18,10 @@ async def test_relay(repo: SqlRepository, clock: ManualClock) -> None:
     tq = TaskQueue(repo, clock=clock)
     await tq.create([NewTask(job, dedupe_key="a"), NewTask(job, dedupe_key="a")])
     seen = []
+
     async def h(p):
         seen.append(p)
+
     relay = OutboxRelay(repo, {"enqueue_task": h}, clock=clock)
     assert await relay.run_once() == 1
     assert len(seen) == 1

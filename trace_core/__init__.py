@@ -16,8 +16,8 @@ from trace_core.errors import (
     StorageError,
     TraceError,
 )
-from trace_core.identity import worker_id
 from trace_core.idempotency import IdempotencyStore, Replay, request_fingerprint
+from trace_core.identity import worker_id
 from trace_core.leasing import FailOutcome, LeaseConfig, LeaseQueue, ReclaimReport
 from trace_core.model import (
     INBOX_JOBS,

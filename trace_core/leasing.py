@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Collection, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -332,7 +333,7 @@ class LeaseQueue:
 
     # --- internals ----------------------------------------------------------
 
-    def _tx(self, tx: Transaction | None) -> Any:
+    def _tx(self, tx: Transaction | None) -> AbstractAsyncContextManager[Transaction]:
         return _Joined(tx) if tx is not None else self.repo.transaction()
 
     async def _transition(
@@ -380,7 +381,7 @@ class LeaseQueue:
         raise StaleClaim(q.name, fence.item_id, f"lease no longer live (status {state.status})")
 
 
-class _Joined:
+class _Joined(AbstractAsyncContextManager[Transaction]):
     """Use a caller's transaction as if we had opened it (no commit here)."""
 
     def __init__(self, tx: Transaction) -> None:

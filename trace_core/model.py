@@ -6,7 +6,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
 from trace_core.states import (
@@ -186,7 +186,7 @@ class ItemState:
     last_error: str | None
 
 
-class NotClaimedReason(str, Enum):
+class NotClaimedReason(StrEnum):
     """Why a claim by id was refused (interface-contracts.md, task-claim).
 
     ``NotReady`` is ours: the item exists but is neither leased nor finished

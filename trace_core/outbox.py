@@ -141,7 +141,7 @@ class OutboxRelay:
                 raise PermanentFailure(f"no handler registered for outbox kind {kind!r}")
             await handler(lease.data["payload"])
             return True
-        except Exception as exc:  # noqa: BLE001 - any handler error is a delivery failure
+        except Exception as exc:
             retry_class = (
                 RetryClass.FATAL if isinstance(exc, PermanentFailure) else RetryClass.RETRYABLE
             )

@@ -58,21 +58,36 @@ async def ensure_standalone_job(
         )
         await conn.execute(
             ins(schema.dag_versions)
-            .values(id=dag_id, org_id=org_id, dag_name=STANDALONE_DAG, yaml_hash="standalone",
-                    created_at=now)
+            .values(
+                id=dag_id,
+                org_id=org_id,
+                dag_name=STANDALONE_DAG,
+                yaml_hash="standalone",
+                created_at=now,
+            )
             .on_conflict_do_nothing()
         )
         await conn.execute(
             ins(schema.jobs)
             .values(
-                id=job_id, org_id=org_id, name=name, dag_name=STANDALONE_DAG,
-                dag_version_id=dag_id, activation="reactive", runtime="dispatcher",
-                operator=operator, config={}, config_hash=config_hash,
-                update_strategy="replace", max_attempts=max_attempts,
-                created_at=now, updated_at=now,
+                id=job_id,
+                org_id=org_id,
+                name=name,
+                dag_name=STANDALONE_DAG,
+                dag_version_id=dag_id,
+                activation="reactive",
+                runtime="dispatcher",
+                operator=operator,
+                config={},
+                config_hash=config_hash,
+                update_strategy="replace",
+                max_attempts=max_attempts,
+                created_at=now,
+                updated_at=now,
             )
             .on_conflict_do_nothing()
         )
-        row = (await conn.execute(sa.select(schema.jobs.c.id).where(
-            schema.jobs.c.id == job_id))).scalar_one()
+        row = (
+            await conn.execute(sa.select(schema.jobs.c.id).where(schema.jobs.c.id == job_id))
+        ).scalar_one()
     return uuid.UUID(str(row))

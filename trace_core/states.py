@@ -8,6 +8,7 @@ a write outside the table changes nothing; the core then reports it as
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -77,7 +78,7 @@ class Lifecycle:
 
 
 def _chain(*statuses: str) -> list[tuple[str, str]]:
-    return list(zip(statuses, statuses[1:], strict=False))
+    return list(itertools.pairwise(statuses))
 
 
 # interface-contracts.md / orchestration-data-model.md. ``Failed`` is both the

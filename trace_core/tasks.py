@@ -51,8 +51,7 @@ class TaskQueue:
     ) -> None:
         self.repo = repo
         self.clock = clock or SystemClock()
-        self.leases = LeaseQueue(repo, TASKS, clock=self.clock, config=config, retry=retry,
-                                 rng=rng)
+        self.leases = LeaseQueue(repo, TASKS, clock=self.clock, config=config, retry=retry, rng=rng)
         self.wakeup_outbox = wakeup_outbox
         """Write ``enqueue_task`` outbox rows (needed when wake-ups go through a
         queue such as SQS; a deployment whose workers only poll may turn it off)."""

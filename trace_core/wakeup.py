@@ -9,6 +9,7 @@ poll after a bounded wait.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections import defaultdict
 
@@ -34,13 +35,13 @@ class WakeupHub:
         self._lock = threading.Lock()
         self._waiters: defaultdict[str, set[_Waiter]] = defaultdict(set)
 
-    async def wait(self, channel: str, timeout: float) -> bool:
-        """Wait for ``channel`` to fire; False after ``timeout`` seconds."""
+    async def wait(self, channel: str, max_wait: float) -> bool:
+        """Wait for ``channel`` to fire; False after ``max_wait`` seconds."""
         waiter = _Waiter()
         with self._lock:
             self._waiters[channel].add(waiter)
         try:
-            with anyio.move_on_after(timeout):
+            with anyio.move_on_after(max_wait):
                 await waiter.event.wait()
                 return True
             return False
@@ -63,7 +64,6 @@ class WakeupHub:
                 return
         except RuntimeError:
             pass  # not inside an event loop: we are on another thread
-        try:
+        # RuntimeError: the waiter's loop has ended; nobody is left to wake.
+        with contextlib.suppress(RuntimeError):
             anyio.from_thread.run_sync(waiter.event.set, token=waiter.token)
-        except RuntimeError:
-            pass  # the waiter's loop has ended; nobody is left to wake

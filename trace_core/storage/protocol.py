@@ -231,8 +231,8 @@ class Repository(Protocol):
         """A read-only transaction."""
         ...
 
-    async def wait_for_wakeup(self, channel: str, timeout: float) -> bool:
-        """Wait until ``channel`` is notified (True) or ``timeout`` seconds pass (False)."""
+    async def wait_for_wakeup(self, channel: str, max_wait: float) -> bool:
+        """Wait until ``channel`` is notified (True) or ``max_wait`` seconds pass (False)."""
         ...
 
     async def close(self) -> None:

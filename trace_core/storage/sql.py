@@ -191,31 +191,28 @@ class SqlTransaction:
     ) -> tuple[str, bool] | None:
         qt = self._stmts.table(queue)
         c = qt.c
-        retry: sa.ColumnElement[bool] = (
-            sa.and_(qt.attempt < c.max_attempts, sa.literal(retry_at is not None))
-            if retryable and retry_at is not None
-            else sa.false()
-        )
         dead_retry_at = None if qt.retry_at.nullable else qt.retry_at
-        values: dict[Any, Any] = {
-            c.status: sa.case((retry, queue.retry_to), else_=queue.dead),
-            qt.retry_at: sa.case((retry, retry_at), else_=dead_retry_at),
-            qt.finished_at: sa.case((retry, qt.finished_at), else_=now),
-            qt.error: error,
-            c.lease_expires_at: None,
-        }
+        values: dict[Any, Any] = {qt.error: error, c.lease_expires_at: None}
+        retrying: sa.ColumnElement[bool]
+        if retryable and retry_at is not None:
+            # The row's own budget decides, inside the statement.
+            retrying = qt.attempt < c.max_attempts
+            when = sa.bindparam("retry_at_value", retry_at, type_=qt.retry_at.type)
+            values[c.status] = sa.case((retrying, queue.retry_to), else_=queue.dead)
+            values[qt.retry_at] = sa.case((retrying, when), else_=dead_retry_at)
+            values[qt.finished_at] = sa.case((retrying, qt.finished_at), else_=now)
+        else:
+            retrying = sa.false()
+            values[c.status] = queue.dead
+            values[qt.retry_at] = dead_retry_at
+            values[qt.finished_at] = now
         where = [*self._stmts.fence(qt, fence.claim_version is not None)]
         where.append(c.status.in_(sorted(queue.leased)))
         if expired_before is not None:
             where.append(c.lease_expires_at < expired_before)
             if queue.expiry_bumps_claim_version:
                 values[c.claim_version] = c.claim_version + 1
-        stmt = (
-            sa.update(qt.table)
-            .where(*where)
-            .values(values)
-            .returning(c.status, sa.case((retry, True), else_=False))
-        )
+        stmt = sa.update(qt.table).where(*where).values(values).returning(c.status, retrying)
         with translate_errors(f"fail {queue.name}"):
             row = (await self.connection.execute(stmt, self._fence_params(fence))).first()
         return None if row is None else (row[0], bool(row[1]))
@@ -272,22 +269,23 @@ class SqlTransaction:
 
     async def create_tasks(self, tasks: Sequence[NewTask], *, now: datetime) -> list[TaskCreated]:
         t = schema.tasks
+        ids = [uuid.uuid4() for _ in tasks]
         rows = [
             {
-                "id": uuid.uuid4(),
+                "id": task_id,
                 "job_id": task.job_id,
                 "dedupe_key": task.dedupe_key,
                 "status": "Queued",
                 "attempt": 1,
                 "claim_version": 0,
                 "partitions": list(task.partitions) if task.partitions is not None else None,
-                "input_versions": dict(task.input_versions)
-                if task.input_versions is not None
-                else None,
+                "input_versions": (
+                    dict(task.input_versions) if task.input_versions is not None else None
+                ),
                 "max_attempts": task.max_attempts,
                 "created_at": now,
             }
-            for task in tasks
+            for task_id, task in zip(ids, tasks, strict=True)
         ]
         created: set[uuid.UUID] = set()
         with translate_errors("create tasks"):
@@ -295,21 +293,21 @@ class SqlTransaction:
                 chunk = rows[start : start + _INSERT_CHUNK]
                 stmt = self._insert(t).values(chunk).on_conflict_do_nothing().returning(t.c.id)
                 created.update((await self.connection.execute(stmt)).scalars().all())
+            # A row that was not inserted lost a dedupe race (or repeats a key):
+            # answer with the id of the task that holds the key.
             existing = await self._existing_task_ids(
-                [(r["job_id"], r["dedupe_key"]) for r in rows if r["id"] not in created]
+                [
+                    (task.job_id, task.dedupe_key)
+                    for task_id, task in zip(ids, tasks, strict=True)
+                    if task_id not in created
+                ]
             )
-        out: list[TaskCreated] = []
-        for row in rows:
-            task_id = row["id"]
-            if task_id in created:
-                out.append(TaskCreated(task_id, True, row["dedupe_key"]))
-            else:
-                out.append(
-                    TaskCreated(
-                        existing[(row["job_id"], row["dedupe_key"])], False, row["dedupe_key"]
-                    )
-                )
-        return out
+        return [
+            TaskCreated(task_id, True, task.dedupe_key)
+            if task_id in created
+            else TaskCreated(existing[(task.job_id, task.dedupe_key)], False, task.dedupe_key)
+            for task_id, task in zip(ids, tasks, strict=True)
+        ]
 
     async def _existing_task_ids(
         self, keys: list[tuple[uuid.UUID, str | None]]
@@ -454,9 +452,8 @@ class SqlRepository:
     async def transaction(self) -> AsyncIterator[SqlTransaction]:
         """A write transaction; its channels are notified after commit."""
         if self._write_lock is not None:
-            async with self._write_lock:
-                async with self._open(write=True) as tx:
-                    yield tx
+            async with self._write_lock, self._open(write=True) as tx:
+                yield tx
         else:
             async with self._open(write=True) as tx:
                 yield tx
@@ -499,7 +496,7 @@ class SqlRepository:
         for channel in tx.channels:
             self.hub.fire(channel)
 
-    async def wait_for_wakeup(self, channel: str, timeout: float) -> bool:
+    async def wait_for_wakeup(self, channel: str, max_wait: float) -> bool:
         """Wait for a commit on ``channel`` here or (Postgres) in another process."""
         if self.engine_name == "postgres" and self._listener is None:
             from trace_core.storage.pg_listener import PgListener
@@ -507,7 +504,7 @@ class SqlRepository:
             self._listener = PgListener(self.url, self.hub)
         if self._listener is not None:
             self._listener.listen(channel)
-        return await self.hub.wait(channel, timeout)
+        return await self.hub.wait(channel, max_wait)
 
     async def close(self) -> None:
         """Dispose of the pool and stop the listener."""

@@ -79,12 +79,23 @@ class LeaseStatements:
             stmt = stmt.where(c.id == sa.bindparam("item_id"), *ready)
         else:
             pick = sa.select(c.id).where(*ready).order_by(*qt.order_by).limit(sa.bindparam("limit"))
-            if self.engine_name == "postgres":
-                pick = pick.with_for_update(skip_locked=True)
-            # The status test is repeated outside the subquery so a row that a
+            # The status test is repeated outside the pick so a row that a
             # concurrent claim took between pick and update is not re-taken.
-            stmt = stmt.where(c.id.in_(pick.scalar_subquery()), c.status == queue.ready)
+            stmt = self._where_picked(stmt, qt, pick).where(c.status == queue.ready)
         return stmt.values(values).returning(*self._returning(qt))
+
+    def _where_picked(self, stmt: sa.Update, qt: QueueTable, pick: sa.Select[Any]) -> sa.Update:
+        """Restrict ``stmt`` to the rows ``pick`` selects, evaluated exactly once.
+
+        Postgres may re-run an ``IN (SELECT … LIMIT n FOR UPDATE SKIP LOCKED)``
+        subplan per outer row, which updates more than ``n`` rows; a locking CTE
+        is always materialized once. SQLite evaluates ``IN (SELECT …)`` once
+        into a temporary table and needs no lock (``BEGIN IMMEDIATE``).
+        """
+        if self.engine_name == "postgres":
+            picked = pick.with_for_update(skip_locked=True).cte("picked")
+            return stmt.where(qt.c.id == picked.c.id)
+        return stmt.where(qt.c.id.in_(pick.scalar_subquery()))
 
     @functools.cache  # noqa: B019
     def inspect(self, queue: QueueSpec) -> sa.Select[Any]:
@@ -161,14 +172,12 @@ class LeaseStatements:
             )
             .limit(sa.bindparam("limit"))
         )
-        if self.engine_name == "postgres":
-            pick = pick.with_for_update(skip_locked=True)
         values: dict[Any, Any] = {c.status: queue.ready}
         if qt.ready_at is None:
             values[qt.retry_at] = None
         return (
-            sa.update(qt.table)
-            .where(c.id.in_(pick.scalar_subquery()), c.status == queue.retry_to)
+            self._where_picked(sa.update(qt.table), qt, pick)
+            .where(c.status == queue.retry_to)
             .values(values)
             .returning(c.id)
         )

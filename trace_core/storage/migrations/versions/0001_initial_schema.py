@@ -36,7 +36,9 @@ def upgrade() -> None:
             "created_at", trace_core.storage.column_types.UTCDateTime(timezone=True), nullable=False
         ),
         sa.Column(
-            "completed_at", trace_core.storage.column_types.UTCDateTime(timezone=True), nullable=True
+            "completed_at",
+            trace_core.storage.column_types.UTCDateTime(timezone=True),
+            nullable=True,
         ),
         sa.Column(
             "expires_at", trace_core.storage.column_types.UTCDateTime(timezone=True), nullable=False
@@ -73,14 +75,20 @@ def upgrade() -> None:
         sa.Column("worker_id", sa.Text(), nullable=True),
         sa.Column("lease_token", sa.Uuid(), nullable=True),
         sa.Column(
-            "lease_expires_at", trace_core.storage.column_types.UTCDateTime(timezone=True), nullable=True
+            "lease_expires_at",
+            trace_core.storage.column_types.UTCDateTime(timezone=True),
+            nullable=True,
         ),
         sa.Column(
-            "heartbeat_at", trace_core.storage.column_types.UTCDateTime(timezone=True), nullable=True
+            "heartbeat_at",
+            trace_core.storage.column_types.UTCDateTime(timezone=True),
+            nullable=True,
         ),
         sa.Column("claim_version", sa.BigInteger(), server_default="0", nullable=False),
         sa.Column(
-            "available_at", trace_core.storage.column_types.UTCDateTime(timezone=True), nullable=False
+            "available_at",
+            trace_core.storage.column_types.UTCDateTime(timezone=True),
+            nullable=False,
         ),
         sa.Column("last_error", sa.Text(), nullable=True),
         sa.Column(
@@ -88,8 +96,12 @@ def upgrade() -> None:
             sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), "postgresql"),
             nullable=True,
         ),
-        sa.Column("created_at", trace_core.storage.column_types.UTCDateTime(timezone=True), nullable=True),
-        sa.Column("updated_at", trace_core.storage.column_types.UTCDateTime(timezone=True), nullable=True),
+        sa.Column(
+            "created_at", trace_core.storage.column_types.UTCDateTime(timezone=True), nullable=True
+        ),
+        sa.Column(
+            "updated_at", trace_core.storage.column_types.UTCDateTime(timezone=True), nullable=True
+        ),
         sa.Column(
             "finished_at", trace_core.storage.column_types.UTCDateTime(timezone=True), nullable=True
         ),
@@ -138,7 +150,9 @@ def upgrade() -> None:
             server_default=sa.text("'{}'"),
             nullable=False,
         ),
-        sa.Column("created_at", trace_core.storage.column_types.UTCDateTime(timezone=True), nullable=True),
+        sa.Column(
+            "created_at", trace_core.storage.column_types.UTCDateTime(timezone=True), nullable=True
+        ),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_orgs")),
         sa.UniqueConstraint("slug", name=op.f("uq_orgs_slug")),
     )
@@ -158,21 +172,31 @@ def upgrade() -> None:
         ),
         sa.Column("status", sa.Text(), server_default="Pending", nullable=False),
         sa.Column(
-            "available_at", trace_core.storage.column_types.UTCDateTime(timezone=True), nullable=False
+            "available_at",
+            trace_core.storage.column_types.UTCDateTime(timezone=True),
+            nullable=False,
         ),
         sa.Column("attempts", sa.Integer(), server_default="0", nullable=False),
         sa.Column("last_error", sa.Text(), nullable=True),
-        sa.Column("created_at", trace_core.storage.column_types.UTCDateTime(timezone=True), nullable=True),
         sa.Column(
-            "processed_at", trace_core.storage.column_types.UTCDateTime(timezone=True), nullable=True
+            "created_at", trace_core.storage.column_types.UTCDateTime(timezone=True), nullable=True
+        ),
+        sa.Column(
+            "processed_at",
+            trace_core.storage.column_types.UTCDateTime(timezone=True),
+            nullable=True,
         ),
         sa.Column("worker_id", sa.Text(), nullable=True),
         sa.Column("lease_token", sa.Uuid(), nullable=True),
         sa.Column(
-            "lease_expires_at", trace_core.storage.column_types.UTCDateTime(timezone=True), nullable=True
+            "lease_expires_at",
+            trace_core.storage.column_types.UTCDateTime(timezone=True),
+            nullable=True,
         ),
         sa.Column(
-            "heartbeat_at", trace_core.storage.column_types.UTCDateTime(timezone=True), nullable=True
+            "heartbeat_at",
+            trace_core.storage.column_types.UTCDateTime(timezone=True),
+            nullable=True,
         ),
         sa.Column("claim_version", sa.BigInteger(), server_default="0", nullable=False),
         sa.Column("max_attempts", sa.Integer(), server_default="10", nullable=False),
@@ -203,7 +227,9 @@ def upgrade() -> None:
         sa.Column("org_id", sa.Uuid(), nullable=False),
         sa.Column("dag_name", sa.Text(), nullable=False),
         sa.Column("yaml_hash", sa.Text(), nullable=False),
-        sa.Column("created_at", trace_core.storage.column_types.UTCDateTime(timezone=True), nullable=True),
+        sa.Column(
+            "created_at", trace_core.storage.column_types.UTCDateTime(timezone=True), nullable=True
+        ),
         sa.ForeignKeyConstraint(["org_id"], ["orgs.id"], name=op.f("fk_dag_versions_org_id_orgs")),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_dag_versions")),
         sa.UniqueConstraint(
@@ -233,8 +259,12 @@ def upgrade() -> None:
             server_default=trace_core.storage.column_types.EmptyArray(),
             nullable=False,
         ),
-        sa.Column("created_at", trace_core.storage.column_types.UTCDateTime(timezone=True), nullable=True),
-        sa.Column("updated_at", trace_core.storage.column_types.UTCDateTime(timezone=True), nullable=True),
+        sa.Column(
+            "created_at", trace_core.storage.column_types.UTCDateTime(timezone=True), nullable=True
+        ),
+        sa.Column(
+            "updated_at", trace_core.storage.column_types.UTCDateTime(timezone=True), nullable=True
+        ),
         sa.ForeignKeyConstraint(["org_id"], ["orgs.id"], name=op.f("fk_datasets_org_id_orgs")),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_datasets")),
         sa.UniqueConstraint("org_id", "name", name=op.f("uq_datasets_org_id_name")),
@@ -265,19 +295,29 @@ def upgrade() -> None:
         sa.Column("worker_id", sa.Text(), nullable=True),
         sa.Column("lease_token", sa.Uuid(), nullable=True),
         sa.Column(
-            "lease_expires_at", trace_core.storage.column_types.UTCDateTime(timezone=True), nullable=True
+            "lease_expires_at",
+            trace_core.storage.column_types.UTCDateTime(timezone=True),
+            nullable=True,
         ),
         sa.Column(
-            "heartbeat_at", trace_core.storage.column_types.UTCDateTime(timezone=True), nullable=True
+            "heartbeat_at",
+            trace_core.storage.column_types.UTCDateTime(timezone=True),
+            nullable=True,
         ),
         sa.Column("claim_version", sa.BigInteger(), server_default="0", nullable=False),
         sa.Column(
-            "available_at", trace_core.storage.column_types.UTCDateTime(timezone=True), nullable=False
+            "available_at",
+            trace_core.storage.column_types.UTCDateTime(timezone=True),
+            nullable=False,
         ),
         sa.Column("last_error", sa.Text(), nullable=True),
-        sa.Column("created_at", trace_core.storage.column_types.UTCDateTime(timezone=True), nullable=True),
         sa.Column(
-            "delivered_at", trace_core.storage.column_types.UTCDateTime(timezone=True), nullable=True
+            "created_at", trace_core.storage.column_types.UTCDateTime(timezone=True), nullable=True
+        ),
+        sa.Column(
+            "delivered_at",
+            trace_core.storage.column_types.UTCDateTime(timezone=True),
+            nullable=True,
         ),
         sa.CheckConstraint(
             "status IN ('pending', 'delivering', 'delivered', 'dead_letter')",
@@ -311,7 +351,9 @@ def upgrade() -> None:
         sa.Column("org_id", sa.Uuid(), nullable=False),
         sa.Column("slug", sa.Text(), nullable=False),
         sa.Column("name", sa.Text(), nullable=False),
-        sa.Column("created_at", trace_core.storage.column_types.UTCDateTime(timezone=True), nullable=True),
+        sa.Column(
+            "created_at", trace_core.storage.column_types.UTCDateTime(timezone=True), nullable=True
+        ),
         sa.ForeignKeyConstraint(["org_id"], ["orgs.id"], name=op.f("fk_org_roles_org_id_orgs")),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_org_roles")),
         sa.UniqueConstraint("org_id", "slug", name=op.f("uq_org_roles_org_id_slug")),
@@ -323,7 +365,9 @@ def upgrade() -> None:
         sa.Column("external_id", sa.Text(), nullable=False),
         sa.Column("email", sa.Text(), nullable=True),
         sa.Column("role", sa.Text(), nullable=False),
-        sa.Column("created_at", trace_core.storage.column_types.UTCDateTime(timezone=True), nullable=True),
+        sa.Column(
+            "created_at", trace_core.storage.column_types.UTCDateTime(timezone=True), nullable=True
+        ),
         sa.CheckConstraint("role IN ('reader', 'writer', 'admin')", name=op.f("ck_users_role")),
         sa.ForeignKeyConstraint(["org_id"], ["orgs.id"], name=op.f("fk_users_org_id_orgs")),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_users")),
@@ -334,7 +378,9 @@ def upgrade() -> None:
         sa.Column("org_id", sa.Uuid(), nullable=False),
         sa.Column("dag_name", sa.Text(), nullable=False),
         sa.Column("dag_version_id", sa.Uuid(), nullable=False),
-        sa.Column("updated_at", trace_core.storage.column_types.UTCDateTime(timezone=True), nullable=True),
+        sa.Column(
+            "updated_at", trace_core.storage.column_types.UTCDateTime(timezone=True), nullable=True
+        ),
         sa.ForeignKeyConstraint(
             ["dag_version_id"],
             ["dag_versions.id"],
@@ -349,7 +395,9 @@ def upgrade() -> None:
         "dataset_versions",
         sa.Column("id", sa.Uuid(), nullable=False),
         sa.Column("dataset_uuid", sa.Uuid(), nullable=False),
-        sa.Column("created_at", trace_core.storage.column_types.UTCDateTime(timezone=True), nullable=True),
+        sa.Column(
+            "created_at", trace_core.storage.column_types.UTCDateTime(timezone=True), nullable=True
+        ),
         sa.Column("storage_location", sa.Text(), nullable=False),
         sa.Column("config_hash", sa.Text(), nullable=False),
         sa.Column("schema_hash", sa.Text(), nullable=True),
@@ -410,8 +458,12 @@ def upgrade() -> None:
         sa.Column("timeout_seconds", sa.Integer(), nullable=True),
         sa.Column("heartbeat_timeout_seconds", sa.Integer(), nullable=True),
         sa.Column("max_attempts", sa.Integer(), server_default="3", nullable=True),
-        sa.Column("created_at", trace_core.storage.column_types.UTCDateTime(timezone=True), nullable=True),
-        sa.Column("updated_at", trace_core.storage.column_types.UTCDateTime(timezone=True), nullable=True),
+        sa.Column(
+            "created_at", trace_core.storage.column_types.UTCDateTime(timezone=True), nullable=True
+        ),
+        sa.Column(
+            "updated_at", trace_core.storage.column_types.UTCDateTime(timezone=True), nullable=True
+        ),
         sa.CheckConstraint("activation IN ('source', 'reactive')", name=op.f("ck_jobs_activation")),
         sa.CheckConstraint(
             "execution_strategy IS NULL OR execution_strategy IN ('PerUpdate', 'PerPartition')",
@@ -440,7 +492,9 @@ def upgrade() -> None:
         "org_role_memberships",
         sa.Column("role_id", sa.Uuid(), nullable=False),
         sa.Column("user_id", sa.Uuid(), nullable=False),
-        sa.Column("created_at", trace_core.storage.column_types.UTCDateTime(timezone=True), nullable=True),
+        sa.Column(
+            "created_at", trace_core.storage.column_types.UTCDateTime(timezone=True), nullable=True
+        ),
         sa.ForeignKeyConstraint(
             ["role_id"], ["org_roles.id"], name=op.f("fk_org_role_memberships_role_id_org_roles")
         ),
@@ -515,7 +569,9 @@ def upgrade() -> None:
             server_default=sa.text("'{}'"),
             nullable=False,
         ),
-        sa.Column("updated_at", trace_core.storage.column_types.UTCDateTime(timezone=True), nullable=True),
+        sa.Column(
+            "updated_at", trace_core.storage.column_types.UTCDateTime(timezone=True), nullable=True
+        ),
         sa.ForeignKeyConstraint(
             ["job_id"], ["jobs.id"], name=op.f("fk_operator_state_job_id_jobs")
         ),
@@ -540,19 +596,29 @@ def upgrade() -> None:
         sa.Column("worker_id", sa.Text(), nullable=True),
         sa.Column("lease_token", sa.Uuid(), nullable=True),
         sa.Column(
-            "lease_expires_at", trace_core.storage.column_types.UTCDateTime(timezone=True), nullable=True
+            "lease_expires_at",
+            trace_core.storage.column_types.UTCDateTime(timezone=True),
+            nullable=True,
         ),
         sa.Column(
-            "last_heartbeat", trace_core.storage.column_types.UTCDateTime(timezone=True), nullable=True
+            "last_heartbeat",
+            trace_core.storage.column_types.UTCDateTime(timezone=True),
+            nullable=True,
         ),
         sa.Column("claim_version", sa.BigInteger(), server_default="0", nullable=False),
         sa.Column("max_attempts", sa.Integer(), server_default="3", nullable=False),
-        sa.Column("started_at", trace_core.storage.column_types.UTCDateTime(timezone=True), nullable=True),
         sa.Column(
-            "completed_at", trace_core.storage.column_types.UTCDateTime(timezone=True), nullable=True
+            "started_at", trace_core.storage.column_types.UTCDateTime(timezone=True), nullable=True
         ),
         sa.Column(
-            "next_retry_at", trace_core.storage.column_types.UTCDateTime(timezone=True), nullable=True
+            "completed_at",
+            trace_core.storage.column_types.UTCDateTime(timezone=True),
+            nullable=True,
+        ),
+        sa.Column(
+            "next_retry_at",
+            trace_core.storage.column_types.UTCDateTime(timezone=True),
+            nullable=True,
         ),
         sa.Column("error_message", sa.Text(), nullable=True),
         sa.Column(
@@ -560,7 +626,9 @@ def upgrade() -> None:
             sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), "postgresql"),
             nullable=True,
         ),
-        sa.Column("created_at", trace_core.storage.column_types.UTCDateTime(timezone=True), nullable=True),
+        sa.Column(
+            "created_at", trace_core.storage.column_types.UTCDateTime(timezone=True), nullable=True
+        ),
         sa.CheckConstraint(
             "status IN ('Queued', 'Running', 'Completed', 'Failed', 'Canceled')",
             name=op.f("ck_tasks_status"),
@@ -612,7 +680,9 @@ def upgrade() -> None:
         sa.Column("input_dataset_uuid", sa.Uuid(), nullable=False),
         sa.Column("input_partition_key", sa.Text(), nullable=False),
         sa.Column(
-            "input_version", trace_core.storage.column_types.UTCDateTime(timezone=True), nullable=False
+            "input_version",
+            trace_core.storage.column_types.UTCDateTime(timezone=True),
+            nullable=False,
         ),
         sa.ForeignKeyConstraint(
             ["input_dataset_uuid"],

@@ -1,0 +1,261 @@
+"""Drain mode: enqueue N no-op tasks, then drain them with C processes x K consumers.
+
+Every consumer loops ``claim_batch(B)`` -> ``complete_many(fences)`` through the
+public :class:`~trace_core.tasks.TaskQueue` API, with fencing on, until a claim
+comes back empty. The clock starts when all worker processes are connected and
+released together, and stops when the last one has found the queue empty.
+"""
+
+from __future__ import annotations
+
+import cProfile
+import logging
+import multiprocessing as mp
+import os
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from multiprocessing.synchronize import Barrier, Event
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.to_thread
+import sqlalchemy as sa
+
+from benchmarks._common import (
+    Databases,
+    count_tasks,
+    current_rss_mb,
+    log,
+    peak_rss_mb,
+    utcnow,
+)
+from trace_core.standalone import ensure_standalone_job
+from trace_core.storage.engine import EngineSettings
+from trace_core.storage.protocol import NewTask
+from trace_core.storage.sql import SqlRepository
+from trace_core.tasks import TaskQueue
+
+__all__ = ["DrainParams", "run_drain"]
+
+JOB_NAME = "bench"
+
+
+@dataclass(frozen=True)
+class DrainParams:
+    """What one drain run does."""
+
+    tasks: int
+    workers: int
+    consumers: int
+    batch: int
+    enqueue_batch: int = 1000
+    wakeup_outbox: bool = True
+    dedupe_keys: bool = False
+    profile_dir: str | None = None
+
+
+@dataclass(frozen=True)
+class _WorkerConfig:
+    url: str
+    index: int
+    consumers: int
+    batch: int
+    profile_dir: str | None
+
+
+# --- the worker process ----------------------------------------------------------
+
+
+def _worker_main(cfg: _WorkerConfig, barrier: Barrier, go: Event, results: Any) -> None:
+    """Entry point of one worker process (spawn start method)."""
+    logging.basicConfig(level=logging.WARNING, format=f"[worker {cfg.index}] %(message)s")
+    try:
+        out = anyio.run(_worker, cfg, barrier, go, backend="asyncio")
+    except BaseException as exc:
+        results.put({"index": cfg.index, "error": repr(exc)})
+        raise
+    results.put(out)
+
+
+async def _worker(cfg: _WorkerConfig, barrier: Barrier, go: Event) -> dict[str, Any]:
+    repo = SqlRepository(
+        cfg.url, EngineSettings(pool_size=cfg.consumers, max_overflow=cfg.consumers)
+    )
+    queue = TaskQueue(repo)
+    worker_id = f"bench-{cfg.index}-{os.getpid()}"
+    stats = {"completed": 0, "stale": 0, "rounds": 0, "claim_s": 0.0, "complete_s": 0.0}
+
+    async def warm() -> None:
+        # A long-running worker has a full pool: open one connection per consumer.
+        async with repo.read() as tx:
+            await tx.connection.execute(sa.text("SELECT 1"))
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(cfg.consumers):
+            tg.start_soon(warm)
+
+    async def consume() -> None:
+        clock = time.monotonic
+        while True:
+            t0 = clock()
+            leases = await queue.claim_batch(worker_id, cfg.batch)
+            t1 = clock()
+            stats["claim_s"] += t1 - t0
+            if not leases:
+                return
+            done = await queue.complete_many([lease.fence for lease in leases])
+            stats["complete_s"] += clock() - t1
+            stats["rounds"] += 1
+            stats["completed"] += len(done)
+            stats["stale"] += len(leases) - len(done)
+
+    rss_start = peak_rss_mb()
+    rss_now_start = current_rss_mb()
+    await anyio.to_thread.run_sync(barrier.wait)
+    await anyio.to_thread.run_sync(go.wait)
+    profiler = cProfile.Profile() if cfg.profile_dir else None
+    cpu0 = os.times()
+    started = time.monotonic()
+    if profiler is not None:
+        profiler.enable()
+    async with anyio.create_task_group() as tg:
+        for _ in range(cfg.consumers):
+            tg.start_soon(consume)
+    if profiler is not None:
+        profiler.disable()
+        assert cfg.profile_dir is not None
+        profiler.dump_stats(str(Path(cfg.profile_dir) / f"drain-w{cfg.index}-{os.getpid()}.prof"))
+    finished = time.monotonic()
+    cpu1 = os.times()
+    await repo.close()
+    return {
+        "index": cfg.index,
+        "started": started,
+        "finished": finished,
+        "cpu_s": (cpu1.user - cpu0.user) + (cpu1.system - cpu0.system),
+        "rss_start_mb": rss_start,
+        "rss_end_mb": peak_rss_mb(),
+        "rss_now_start_mb": rss_now_start,
+        "rss_now_end_mb": current_rss_mb(),
+        **stats,
+    }
+
+
+# --- the driver ------------------------------------------------------------------------
+
+
+def _machine_busy() -> tuple[float, float]:
+    """(busy, total) jiffies of all CPUs from ``/proc/stat``."""
+    fields = [float(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]
+    return sum(fields) - idle, sum(fields)
+
+
+async def _enqueue(url: str, params: DrainParams) -> float:
+    """Create the standalone job and N tasks; the seconds the tasks took."""
+    repo = SqlRepository(url)
+    try:
+        job_id = await ensure_standalone_job(repo, JOB_NAME, now=utcnow())
+        queue = TaskQueue(repo, wakeup_outbox=params.wakeup_outbox)
+        started = time.monotonic()
+        for start in range(0, params.tasks, params.enqueue_batch):
+            stop = min(start + params.enqueue_batch, params.tasks)
+            await queue.create(
+                [
+                    NewTask(job_id, dedupe_key=f"t{i}" if params.dedupe_keys else None)
+                    for i in range(start, stop)
+                ]
+            )
+        return time.monotonic() - started
+    finally:
+        await repo.close()
+
+
+def run_drain(
+    dbs: Databases, params: DrainParams, run: int, emit: Callable[[dict[str, Any]], None]
+) -> dict[str, Any]:
+    """One drain run on a fresh database; emits and returns its result object."""
+    url = dbs.fresh(f"drain{run}")
+    log.info("run %d: enqueueing %d tasks", run, params.tasks)
+    enqueue_s = anyio.run(_enqueue, url, params, backend="asyncio")
+
+    ctx = mp.get_context("spawn")
+    barrier = ctx.Barrier(params.workers + 1)
+    go = ctx.Event()
+    results = ctx.Queue()
+    procs = [
+        ctx.Process(
+            target=_worker_main,
+            args=(
+                _WorkerConfig(url, i, params.consumers, params.batch, params.profile_dir),
+                barrier,
+                go,
+                results,
+            ),
+            name=f"trace-bench-worker-{i}",
+        )
+        for i in range(params.workers)
+    ]
+    for p in procs:
+        p.start()
+    try:
+        barrier.wait(timeout=120)
+        busy0, total0 = _machine_busy()
+        started = time.monotonic()
+        go.set()
+        outs = [results.get(timeout=3600) for _ in procs]
+        busy1, total1 = _machine_busy()
+    finally:
+        for p in procs:
+            p.join(timeout=60)
+            if p.is_alive():
+                p.terminate()
+    errors = [o for o in outs if "error" in o]
+    if errors:
+        raise RuntimeError(f"worker failed: {errors}")
+    outs.sort(key=lambda o: o["index"])
+    seconds = max(o["finished"] for o in outs) - started
+    counts = count_tasks(url)
+    completed = sum(o["completed"] for o in outs)
+    rounds = sum(o["rounds"] for o in outs)
+    verified = (
+        counts.get("Completed", 0) == params.tasks
+        and sum(counts.values()) == params.tasks
+        and completed == params.tasks
+    )
+    result: dict[str, Any] = {
+        "engine": dbs.engine,
+        "mode": "drain",
+        "run": run,
+        "tasks": params.tasks,
+        "workers": params.workers,
+        "consumers_per_worker": params.consumers,
+        "batch": params.batch,
+        "seconds": round(seconds, 3),
+        "tasks_per_s": round(params.tasks / seconds, 1),
+        "enqueue_seconds": round(enqueue_s, 3),
+        "enqueue_per_s": round(params.tasks / enqueue_s, 1),
+        "enqueue_batch": params.enqueue_batch,
+        "wakeup_outbox": params.wakeup_outbox,
+        "dedupe_keys": params.dedupe_keys,
+        "verified": verified,
+        "status_counts": counts,
+        "stale": sum(o["stale"] for o in outs),
+        "claim_rounds": rounds,
+        "claim_ms_avg": round(1000 * sum(o["claim_s"] for o in outs) / max(rounds, 1), 3),
+        "complete_ms_avg": round(1000 * sum(o["complete_s"] for o in outs) / max(rounds, 1), 3),
+        "worker_cpu_s": round(sum(o["cpu_s"] for o in outs), 2),
+        "machine_cpu_busy_pct": round(100 * (busy1 - busy0) / max(total1 - total0, 1), 1),
+        "worker_rss_start_mb": [o["rss_start_mb"] for o in outs],
+        "worker_rss_end_mb": [o["rss_end_mb"] for o in outs],
+        "worker_rss_now_start_mb": [o["rss_now_start_mb"] for o in outs],
+        "worker_rss_now_end_mb": [o["rss_now_end_mb"] for o in outs],
+        "params": asdict(params),
+    }
+    if dbs.server_info:
+        result["server"] = dbs.server_info
+    emit(result)
+    dbs.drop(url)
+    return result

@@ -1,0 +1,207 @@
+"""A task worker run as an OS process by ``tests/test_multiprocess.py``.
+
+Importable (``multiprocessing`` spawn context pickles the entry point by name).
+The worker claims tasks in batches, does a fake "effect" (a short pause, now
+and then one longer than the lease), and records the effect in a completion
+ledger in the *same* transaction as the fenced completion: if the completion
+is stale the transaction rolls back and the ledger row vanishes. It also runs
+the reaper's and the retry scheduler's cores (``reclaim_expired`` and
+``requeue_due``) on a timer.
+
+It reports through shared memory only (a ``RawArray`` of counters), so that
+a ``SIGKILL`` at any instant cannot corrupt a pipe the parent reads; details
+of a protocol violation or a crash go to a per-worker file.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+import traceback
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import anyio
+import sqlalchemy as sa
+
+from trace_core.errors import DuplicateItem, StaleClaim
+from trace_core.leasing import LeaseConfig
+from trace_core.retry import Backoff, RetryPolicy
+from trace_core.storage.sql import SqlRepository
+from trace_core.storage.sql_errors import translate_errors
+from trace_core.tasks import TaskQueue
+
+__all__ = [
+    "LEDGER",
+    "LEDGER_DDL",
+    "STAT_NAMES",
+    "WorkerConfig",
+    "run_worker",
+]
+
+LEDGER_DDL = (
+    "CREATE TABLE completion_ledger ("
+    " task_id TEXT NOT NULL,"
+    " attempt INTEGER NOT NULL,"
+    " worker TEXT NOT NULL,"
+    " CONSTRAINT completion_ledger_pk PRIMARY KEY (task_id),"
+    " CONSTRAINT completion_ledger_task_unique UNIQUE (task_id))"
+)
+"""The effect's ledger: one row per task, ever (a second row is a double effect)."""
+
+LEDGER = sa.table(
+    "completion_ledger",
+    sa.column("task_id", sa.Text()),
+    sa.column("attempt", sa.Integer()),
+    sa.column("worker", sa.Text()),
+)
+
+# Indexes into a worker's shared counters.
+CLAIMED = 0
+COMPLETED = 1
+STALE = 2
+VIOLATIONS = 3
+HOLDING = 4
+"""Leases claimed and not yet completed or given up (the kill target)."""
+RECLAIMED = 5
+DEAD_LETTERED = 6
+REQUEUED = 7
+LATE_ACCEPTED = 8
+"""Completions accepted although the lease had already expired (late replies)."""
+HEARTBEATS = 9
+HEARTBEAT_STALE = 10
+STARTED = 11
+"""Set to 1 once the worker is connected and about to claim."""
+STAT_NAMES = (
+    "claimed",
+    "completed",
+    "stale",
+    "violations",
+    "holding",
+    "reclaimed",
+    "dead_lettered",
+    "requeued",
+    "late_accepted",
+    "heartbeats",
+    "heartbeat_stale",
+    "started",
+)
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """What one worker process does; picklable."""
+
+    url: str
+    name: str
+    report_path: str
+    """Protocol violations and crashes are appended here."""
+    seed: int
+    batch: int = 8
+    lease_seconds: float = 1.5
+    max_effect_seconds: float = 0.004
+    long_hold_probability: float = 0.004
+    long_hold_seconds: float = 2.0
+    """Longer than the lease: the lease expires under the worker's feet."""
+    maintenance_seconds: float = 0.25
+    idle_seconds: float = 0.02
+
+
+def run_worker(config: WorkerConfig, stats: Any, stop: Any) -> None:
+    """Process entry point: work until ``stop`` is set; exit 1 on any crash."""
+    try:
+        anyio.run(_work, config, stats, stop)
+    except BaseException:
+        with open(config.report_path, "a", encoding="utf-8") as fh:
+            fh.write(f"CRASH {config.name}\n{traceback.format_exc()}\n")
+        raise SystemExit(1) from None
+
+
+def _report(config: WorkerConfig, line: str) -> None:
+    with open(config.report_path, "a", encoding="utf-8") as fh:
+        fh.write(line + "\n")
+        fh.flush()
+
+
+async def _work(config: WorkerConfig, stats: Any, stop: Any) -> None:
+    rng = random.Random(config.seed)
+    repo = SqlRepository(config.url)
+    queue = TaskQueue(
+        repo,
+        config=LeaseConfig(lease_seconds=config.lease_seconds),
+        retry=RetryPolicy(normal=Backoff(base_seconds=0.01, cap_seconds=0.05)),
+        rng=random.Random(config.seed + 1),
+    )
+    next_maintenance = 0.0
+    stats[STARTED] = 1
+    try:
+        while not stop.is_set():
+            if time.monotonic() >= next_maintenance:
+                report = await queue.reclaim_expired()
+                stats[RECLAIMED] += len(report.retried)
+                stats[DEAD_LETTERED] += len(report.dead_lettered)
+                stats[REQUEUED] += len(await queue.requeue_due())
+                next_maintenance = time.monotonic() + config.maintenance_seconds
+            leases = await queue.claim_batch(config.name, config.batch)
+            if not leases:
+                await anyio.sleep(config.idle_seconds)  # idle poll, not a wait for state
+                continue
+            stats[CLAIMED] += len(leases)
+            stats[HOLDING] = len(leases)
+            for i, lease in enumerate(leases):
+                await _process(queue, repo, config, rng, stats, lease)
+                stats[HOLDING] = len(leases) - i - 1
+    finally:
+        await repo.close()
+
+
+async def _process(
+    queue: TaskQueue,
+    repo: SqlRepository,
+    config: WorkerConfig,
+    rng: random.Random,
+    stats: Any,
+    lease: Any,
+) -> None:
+    fence = lease.fence
+    expires_at = lease.expires_at
+    # Heartbeat a lease past half its life before working under it.
+    remaining = (expires_at - datetime.now(UTC)).total_seconds()
+    if remaining < config.lease_seconds / 2:
+        try:
+            expires_at = await queue.heartbeat(fence)
+            stats[HEARTBEATS] += 1
+        except StaleClaim:
+            stats[HEARTBEAT_STALE] += 1
+            return
+    # The effect's work, outside any transaction (SQLite has one writer).
+    if rng.random() < config.long_hold_probability:
+        await anyio.sleep(config.long_hold_seconds)
+    else:
+        await anyio.sleep(rng.uniform(0, config.max_effect_seconds))
+    try:
+        async with repo.transaction() as tx:
+            # The fenced completion first: a stale holder stops here, before
+            # its effect. A unique violation after an accepted completion
+            # means a second completion of the task was accepted.
+            await queue.complete(fence, tx=tx)
+            with translate_errors("completion ledger insert"):
+                await tx.connection.execute(
+                    sa.insert(LEDGER).values(
+                        task_id=str(lease.item_id), attempt=lease.attempt, worker=config.name
+                    )
+                )
+    except StaleClaim:
+        stats[STALE] += 1
+    except DuplicateItem as exc:
+        stats[VIOLATIONS] += 1
+        _report(
+            config,
+            f"VIOLATION {config.name} task={lease.item_id} attempt={lease.attempt} "
+            f"claim_version={lease.claim_version}: {exc}",
+        )
+    else:
+        stats[COMPLETED] += 1
+        if datetime.now(UTC) > expires_at:
+            stats[LATE_ACCEPTED] += 1
