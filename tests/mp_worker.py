@@ -4,7 +4,9 @@ Importable (``multiprocessing`` spawn context pickles the entry point by name).
 The worker claims tasks in batches, does a fake "effect" (a short pause, now
 and then one longer than the lease), and records the effect in a completion
 ledger in the *same* transaction as the fenced completion: if the completion
-is stale the transaction rolls back and the ledger row vanishes. It also runs
+is stale the transaction rolls back and the ledger row vanishes. A unique
+violation on the ledger while the worker's lease is still current would be
+a double effect: it is counted as a protocol violation. It also runs
 the reaper's and the retry scheduler's cores (``reclaim_expired`` and
 ``requeue_due``) on a timer.
 
@@ -73,6 +75,9 @@ HEARTBEATS = 9
 HEARTBEAT_STALE = 10
 STARTED = 11
 """Set to 1 once the worker is connected and about to claim."""
+STALE_COLLISIONS = 12
+"""A stale holder's effect hit the ledger row of the newer attempt that
+completed (refused by the unique key before the fence could refuse it)."""
 STAT_NAMES = (
     "claimed",
     "completed",
@@ -86,6 +91,7 @@ STAT_NAMES = (
     "heartbeats",
     "heartbeat_stale",
     "started",
+    "stale_collisions",
 )
 
 
@@ -182,25 +188,37 @@ async def _process(
         await anyio.sleep(rng.uniform(0, config.max_effect_seconds))
     try:
         async with repo.transaction() as tx:
-            # The fenced completion first: a stale holder stops here, before
-            # its effect. A unique violation after an accepted completion
-            # means a second completion of the task was accepted.
-            await queue.complete(fence, tx=tx)
+            # The effect first, then the fenced completion: if the completion
+            # is stale, the transaction rolls back and the effect vanishes.
             with translate_errors("completion ledger insert"):
                 await tx.connection.execute(
                     sa.insert(LEDGER).values(
                         task_id=str(lease.item_id), attempt=lease.attempt, worker=config.name
                     )
                 )
+            await queue.complete(fence, tx=tx)
     except StaleClaim:
         stats[STALE] += 1
     except DuplicateItem as exc:
-        stats[VIOLATIONS] += 1
-        _report(
-            config,
-            f"VIOLATION {config.name} task={lease.item_id} attempt={lease.attempt} "
-            f"claim_version={lease.claim_version}: {exc}",
+        # Another effect of this task committed. That is expected only if our
+        # lease is stale (a newer attempt completed while we overran the lease:
+        # our completion would have been refused right after the insert). With
+        # our lease still current it is a double effect: a protocol violation.
+        state = await queue.leases.inspect(lease.item_id)
+        current = (state.attempt, state.lease_token, state.claim_version) == (
+            lease.attempt,
+            lease.lease_token,
+            lease.claim_version,
         )
+        if current:
+            stats[VIOLATIONS] += 1
+            _report(
+                config,
+                f"VIOLATION {config.name} task={lease.item_id} attempt={lease.attempt} "
+                f"claim_version={lease.claim_version} state={state}: {exc}",
+            )
+        else:
+            stats[STALE_COLLISIONS] += 1
     else:
         stats[COMPLETED] += 1
         if datetime.now(UTC) > expires_at:

@@ -8,6 +8,7 @@ from datetime import timedelta
 import anyio
 import pytest
 
+from tests.factories import make_items
 from trace_core.clock import ManualClock
 from trace_core.errors import ConfigurationError, InvalidTransition, NotFound, StaleClaim
 from trace_core.leasing import LeaseConfig, LeaseQueue
@@ -23,7 +24,6 @@ from trace_core.model import (
 )
 from trace_core.retry import Backoff, RetryClass, RetryPolicy
 from trace_core.storage.sql import SqlRepository
-from tests.factories import make_items
 
 pytestmark = pytest.mark.anyio
 

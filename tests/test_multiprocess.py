@@ -187,6 +187,9 @@ async def test_workers_killed_mid_task_lose_nothing_and_double_nothing(
     survivors = {n: c for n, c in codes.items() if n not in fleet.killed}
     assert all(c == 0 for c in survivors.values()), f"worker exit codes {codes}\n{reports}"
     assert fleet.total("violations") == 0, reports
+    # Each accepted completion finished a distinct task (a killed worker may
+    # have committed one it did not get to count).
+    assert fleet.total("completed") <= N_TASKS
     assert "VIOLATION" not in reports and "CRASH" not in reports, reports
     # The kills hit workers holding live, uncompleted leases.
     assert sum(orphaned.values()) >= 1, orphaned

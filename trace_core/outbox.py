@@ -111,6 +111,7 @@ class OutboxRelay:
         )
         self._stop = anyio.Event()
         self._stopped = anyio.Event()
+        self._waiting = anyio.CancelScope()
 
     async def run_once(self) -> int:
         """Reclaim expired rows, then claim and handle one batch; rows handled."""
@@ -163,23 +164,18 @@ class OutboxRelay:
     async def run(self) -> None:
         """Drain until :meth:`stop`; full batches loop at once, else wait or poll."""
         try:
+            await self.repo.listen(OUTBOX_CHANNEL)
             while not self._stop.is_set():
                 handled = await self.run_once()
                 if handled >= self.config.batch_size:
                     continue
-                timeout = self._rng.uniform(
+                if self._stop.is_set():
+                    break
+                wait = self._rng.uniform(
                     self.config.poll_min_seconds, self.config.poll_max_seconds
                 )
-                with anyio.move_on_after(timeout):
-                    async with anyio.create_task_group() as tg:
-
-                        async def stop_waiter() -> None:
-                            await self._stop.wait()
-                            tg.cancel_scope.cancel()
-
-                        tg.start_soon(stop_waiter)
-                        await self.repo.wait_for_wakeup(OUTBOX_CHANNEL, timeout)
-                        tg.cancel_scope.cancel()
+                with anyio.CancelScope() as self._waiting:
+                    await self.repo.wait_for_wakeup(OUTBOX_CHANNEL, wait)
         finally:
             self._stopped.set()
 
@@ -190,4 +186,5 @@ class OutboxRelay:
     async def stop(self) -> None:
         """Ask the loop to finish its current batch and exit; wait for it."""
         self._stop.set()
+        self._waiting.cancel()
         await self._stopped.wait()

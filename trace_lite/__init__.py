@@ -1,1 +1,1 @@
-"""trace_lite: the whole of Trace in one process (SQLite or Postgres, local keys, threads, Spark)."""
+"""trace_lite: all of Trace in one process (SQLite or Postgres, local keys, threads, Spark)."""

@@ -35,19 +35,25 @@ class PgListener:
         )
         self._hub = hub
         self._wanted: set[str] = set()
+        self._active: dict[str, threading.Event] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._changed = threading.Event()
         self._thread = threading.Thread(target=self._run, name="trace-pg-listener", daemon=True)
         self._thread.start()
 
-    def listen(self, channel: str) -> None:
-        """Make sure ``channel`` is listened to (idempotent)."""
+    def listen(self, channel: str) -> threading.Event:
+        """Make sure ``channel`` is listened to (idempotent).
+
+        The returned event is set once ``LISTEN`` is in effect.
+        """
         with self._lock:
+            active = self._active.setdefault(channel, threading.Event())
             if channel in self._wanted:
-                return
+                return active
             self._wanted.add(channel)
         self._changed.set()
+        return active
 
     def stop(self) -> None:
         """Stop the thread and close its connection."""
@@ -67,12 +73,17 @@ class PgListener:
     def _serve(self) -> None:
         with psycopg.connect(self._conninfo, autocommit=True) as conn:
             listening: set[str] = set()
+            with self._lock:
+                for event in self._active.values():
+                    event.clear()  # a new connection listens anew
             while not self._stop.is_set():
                 with self._lock:
                     missing = self._wanted - listening
                 for channel in sorted(missing):
                     conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
                     listening.add(channel)
+                    with self._lock:
+                        self._active[channel].set()
                     # Anything committed before LISTEN took effect was not
                     # heard: wake waiters so they poll once.
                     self._hub.fire(channel)

@@ -231,6 +231,11 @@ class Repository(Protocol):
         """A read-only transaction."""
         ...
 
+    async def listen(self, channel: str, max_wait: float = 10.0) -> bool:
+        """Subscribe to commits on ``channel`` made by other processes, where the
+        engine can (Postgres LISTEN); True once in effect."""
+        ...
+
     async def wait_for_wakeup(self, channel: str, max_wait: float) -> bool:
         """Wait until ``channel`` is notified (True) or ``max_wait`` seconds pass (False)."""
         ...

@@ -9,6 +9,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import anyio
+import anyio.to_thread
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -42,7 +43,7 @@ class SqlTransaction:
         self.connection = conn
         """The SQLAlchemy connection, for tests and adapters that add their own
         tables to the same transaction (e.g. a completion ledger)."""
-        self.engine_name = repo.engine_name
+        self.engine_name: str = repo.engine_name
         self._stmts = repo.statements
         self.channels: set[str] = set()
 
@@ -439,7 +440,7 @@ class SqlRepository:
         hub: WakeupHub | None = None,
     ) -> None:
         self.url = url if isinstance(url, DatabaseURL) else parse_database_url(url)
-        self.engine_name = self.url.engine
+        self.engine_name: str = self.url.engine
         self.engine: AsyncEngine = create_engine(self.url, settings)
         self.statements = LeaseStatements(self.engine_name)
         self.hub = hub or WakeupHub()
@@ -496,14 +497,28 @@ class SqlRepository:
         for channel in tx.channels:
             self.hub.fire(channel)
 
-    async def wait_for_wakeup(self, channel: str, max_wait: float) -> bool:
-        """Wait for a commit on ``channel`` here or (Postgres) in another process."""
-        if self.engine_name == "postgres" and self._listener is None:
+    async def listen(self, channel: str, max_wait: float = 10.0) -> bool:
+        """Make commits on ``channel`` in other processes wake this one.
+
+        On Postgres, returns once ``LISTEN`` is in effect (False if that took
+        longer than ``max_wait``); on SQLite, wake-ups are in-process only and
+        this returns True at once.
+        """
+        if self.engine_name != "postgres":
+            return True
+        if self._listener is None:
             from trace_core.storage.pg_listener import PgListener
 
             self._listener = PgListener(self.url, self.hub)
+        active = self._listener.listen(channel)
+        return await anyio.to_thread.run_sync(active.wait, max_wait)
+
+    async def wait_for_wakeup(self, channel: str, max_wait: float) -> bool:
+        """Wait for a commit on ``channel`` here or (Postgres) in another process."""
         if self._listener is not None:
             self._listener.listen(channel)
+        elif self.engine_name == "postgres":
+            await self.listen(channel)
         return await self.hub.wait(channel, max_wait)
 
     async def close(self) -> None:
