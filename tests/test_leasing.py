@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import timedelta
+from typing import Any
 
 import anyio
 import pytest
@@ -19,6 +20,7 @@ from trace_core.model import (
     QUEUES,
     TASKS,
     Fence,
+    Lease,
     NotClaimedReason,
     QueueSpec,
 )
@@ -40,6 +42,17 @@ def lease_queue(repo: SqlRepository, queue: QueueSpec, clock: ManualClock) -> Le
     return LeaseQueue(
         repo, queue, clock=clock, config=LeaseConfig(lease_seconds=LEASE), retry=retry
     )
+
+
+async def claimed(
+    repo: SqlRepository, queue: QueueSpec, clock: ManualClock, *, max_attempts: int = 3
+) -> tuple[LeaseQueue, Any, Lease]:
+    """One new item of ``queue``, claimed by worker ``w1``."""
+    [item] = await make_items(repo, queue, clock.now(), max_attempts=max_attempts)
+    q = lease_queue(repo, queue, clock)
+    lease = (await q.claim(item, "w1")).lease
+    assert lease is not None
+    return q, item, lease
 
 
 async def finish(q: LeaseQueue, fence: Fence) -> None:
@@ -133,10 +146,7 @@ async def test_claim_limit_is_validated(repo: SqlRepository, clock: ManualClock)
 async def test_heartbeat_extends_only_the_current_lease(
     repo: SqlRepository, queue: QueueSpec, clock: ManualClock
 ) -> None:
-    [item] = await make_items(repo, queue, clock.now())
-    q = lease_queue(repo, queue, clock)
-    lease = (await q.claim(item, "w1")).lease
-    assert lease is not None
+    q, item, lease = await claimed(repo, queue, clock)
     clock.advance(10)
     expires = await q.heartbeat(lease.fence)
     assert expires == clock.now() + timedelta(seconds=LEASE)
@@ -156,10 +166,7 @@ async def test_heartbeat_extends_only_the_current_lease(
 async def test_stale_complete_changes_nothing(
     repo: SqlRepository, queue: QueueSpec, clock: ManualClock
 ) -> None:
-    [item] = await make_items(repo, queue, clock.now())
-    q = lease_queue(repo, queue, clock)
-    lease = (await q.claim(item, "w1")).lease
-    assert lease is not None
+    q, item, lease = await claimed(repo, queue, clock)
     before = await q.inspect(item)
     stale = Fence(item, lease.attempt, uuid.uuid4(), lease.claim_version)
     with pytest.raises(StaleClaim):
@@ -173,10 +180,7 @@ async def test_stale_complete_changes_nothing(
 async def test_completing_twice_is_an_invalid_transition(
     repo: SqlRepository, queue: QueueSpec, clock: ManualClock
 ) -> None:
-    [item] = await make_items(repo, queue, clock.now())
-    q = lease_queue(repo, queue, clock)
-    lease = (await q.claim(item, "w1")).lease
-    assert lease is not None
+    q, item, lease = await claimed(repo, queue, clock)
     await finish(q, lease.fence)
     with pytest.raises(InvalidTransition) as info:
         await q.complete(lease.fence)
@@ -204,10 +208,7 @@ async def test_complete_many_returns_only_current_fences(
 async def test_expired_lease_is_reclaimed_and_the_old_holder_fenced_out(
     repo: SqlRepository, queue: QueueSpec, clock: ManualClock
 ) -> None:
-    [item] = await make_items(repo, queue, clock.now(), max_attempts=5)
-    q = lease_queue(repo, queue, clock)
-    old = (await q.claim(item, "w1")).lease
-    assert old is not None
+    q, item, old = await claimed(repo, queue, clock, max_attempts=5)
     clock.advance(LEASE - 1)
     assert (await q.reclaim_expired()).retried == []
     clock.advance(2)
@@ -235,10 +236,7 @@ async def test_expired_lease_is_reclaimed_and_the_old_holder_fenced_out(
 async def test_task_late_reply_is_accepted_until_a_newer_attempt_starts(
     repo: SqlRepository, clock: ManualClock
 ) -> None:
-    [item] = await make_items(repo, TASKS, clock.now(), max_attempts=5)
-    q = lease_queue(repo, TASKS, clock)
-    lease = (await q.claim(item, "w1")).lease
-    assert lease is not None
+    q, item, lease = await claimed(repo, TASKS, clock, max_attempts=5)
     clock.advance(LEASE + 1)
     await q.reclaim_expired()
     assert (await q.inspect(item)).status == "Failed"
@@ -251,10 +249,7 @@ async def test_task_late_reply_is_accepted_until_a_newer_attempt_starts(
 async def test_task_late_reply_is_stale_after_a_newer_attempt(
     repo: SqlRepository, clock: ManualClock
 ) -> None:
-    [item] = await make_items(repo, TASKS, clock.now(), max_attempts=5)
-    q = lease_queue(repo, TASKS, clock)
-    old = (await q.claim(item, "w1")).lease
-    assert old is not None
+    q, item, old = await claimed(repo, TASKS, clock, max_attempts=5)
     clock.advance(LEASE + 1)
     await q.reclaim_expired()
     clock.advance(1000)
@@ -269,10 +264,7 @@ async def test_task_late_reply_is_stale_after_a_newer_attempt(
 async def test_retry_backoff_then_dead_letter(
     repo: SqlRepository, queue: QueueSpec, clock: ManualClock
 ) -> None:
-    [item] = await make_items(repo, queue, clock.now(), max_attempts=2)
-    q = lease_queue(repo, queue, clock)
-    lease = (await q.claim(item, "w1")).lease
-    assert lease is not None
+    q, item, lease = await claimed(repo, queue, clock, max_attempts=2)
     outcome = await q.fail(lease.fence, "first error")
     assert outcome.retrying and outcome.status == queue.retry_to
     state = await q.inspect(item)
@@ -296,10 +288,7 @@ async def test_retry_backoff_then_dead_letter(
 async def test_fatal_errors_dead_letter_at_once(
     repo: SqlRepository, queue: QueueSpec, clock: ManualClock
 ) -> None:
-    [item] = await make_items(repo, queue, clock.now(), max_attempts=5)
-    q = lease_queue(repo, queue, clock)
-    lease = (await q.claim(item, "w1")).lease
-    assert lease is not None
+    q, _item, lease = await claimed(repo, queue, clock, max_attempts=5)
     outcome = await q.fail(lease.fence, "bad input", retry_class=RetryClass.FATAL)
     assert not outcome.retrying and outcome.status == queue.dead
 
@@ -333,10 +322,7 @@ async def test_reclaim_dead_letters_when_attempts_are_exhausted(
 
 
 async def test_inbox_stages_follow_the_table(repo: SqlRepository, clock: ManualClock) -> None:
-    [item] = await make_items(repo, INBOX_JOBS, clock.now())
-    q = lease_queue(repo, INBOX_JOBS, clock)
-    lease = (await q.claim(item, "w1")).lease
-    assert lease is not None
+    q, item, lease = await claimed(repo, INBOX_JOBS, clock)
     with pytest.raises(InvalidTransition):
         await q.advance(lease.fence, "processing")  # claimed -> processing skips fetching
     assert (await q.inspect(item)).status == "claimed"
@@ -351,10 +337,7 @@ async def test_inbox_stages_follow_the_table(repo: SqlRepository, clock: ManualC
 
 
 async def test_inbox_requeue_hands_the_job_back(repo: SqlRepository, clock: ManualClock) -> None:
-    [item] = await make_items(repo, INBOX_JOBS, clock.now())
-    q = lease_queue(repo, INBOX_JOBS, clock)
-    lease = (await q.claim(item, "w1")).lease
-    assert lease is not None
+    q, item, lease = await claimed(repo, INBOX_JOBS, clock)
     await q.advance(lease.fence, "fetching")
     await q.requeue(lease.fence, reason="draining")
     state = await q.inspect(item)
@@ -364,10 +347,7 @@ async def test_inbox_requeue_hands_the_job_back(repo: SqlRepository, clock: Manu
 
 
 async def test_stale_stage_change_is_refused(repo: SqlRepository, clock: ManualClock) -> None:
-    [item] = await make_items(repo, INBOX_JOBS, clock.now(), max_attempts=5)
-    q = lease_queue(repo, INBOX_JOBS, clock)
-    old = (await q.claim(item, "w1")).lease
-    assert old is not None
+    q, item, old = await claimed(repo, INBOX_JOBS, clock, max_attempts=5)
     clock.advance(LEASE + 1)
     await q.reclaim_expired()
     clock.advance(1000)
