@@ -386,3 +386,27 @@ async def test_cancel_is_only_for_queues_with_cancellation(
 async def test_inspect_unknown_item(repo: SqlRepository, clock: ManualClock) -> None:
     with pytest.raises(NotFound):
         await lease_queue(repo, TASKS, clock).inspect(uuid.uuid4())
+
+
+async def test_cancel_leaves_dead_letters_and_their_error(
+    repo: SqlRepository, clock: ManualClock
+) -> None:
+    q, item, lease = await claimed(repo, TASKS, clock, max_attempts=1)
+    await q.fail(lease.fence, "the last error")
+    assert await q.cancel([item]) == set()
+    state = await q.inspect(item)
+    assert (state.status, state.last_error) == ("Failed", "the last error")
+
+
+async def test_late_reply_clears_the_scheduled_retry(
+    repo: SqlRepository, clock: ManualClock
+) -> None:
+    q, item, lease = await claimed(repo, TASKS, clock, max_attempts=5)
+    clock.advance(LEASE + 1)
+    await q.reclaim_expired()
+    assert (await q.inspect(item)).retry_at is not None
+    await q.complete(lease.fence)
+    state = await q.inspect(item)
+    assert (state.status, state.retry_at) == ("Completed", None)
+    clock.advance(1000)
+    assert await q.requeue_due() == []

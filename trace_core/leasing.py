@@ -227,10 +227,13 @@ class LeaseQueue:
         now = self.clock.now()
         # The row's own max_attempts decides in SQL whether a retry remains;
         # here we only need the backoff for the case that it does.
+        # A forged or malformed attempt (< 1) must still reach the fenced
+        # update, which refuses it as stale; it must not break the backoff.
+        attempt = max(1, fence.attempt)
         decision = self.retry.decide(
             retry_class,
-            attempt=fence.attempt,
-            max_attempts=fence.attempt + 1,
+            attempt=attempt,
+            max_attempts=attempt + 1,
             now=now,
             rng=self._rng,
         )

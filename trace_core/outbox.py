@@ -171,9 +171,7 @@ class OutboxRelay:
                     continue
                 if self._stop.is_set():
                     break
-                wait = self._rng.uniform(
-                    self.config.poll_min_seconds, self.config.poll_max_seconds
-                )
+                wait = self._rng.uniform(self.config.poll_min_seconds, self.config.poll_max_seconds)
                 with anyio.CancelScope() as self._waiting:
                     await self.repo.wait_for_wakeup(OUTBOX_CHANNEL, wait)
         finally:

@@ -138,6 +138,8 @@ class SqlTransaction:
         if target == queue.done:
             new[qt.finished_at] = now
             new[c.lease_expires_at] = None
+            if qt.retry_at.nullable:
+                new[qt.retry_at] = None  # a late reply supersedes a scheduled retry
         elif target not in queue.leased:
             new[c.lease_expires_at] = None
         for key, value in (values or {}).items():
@@ -257,12 +259,12 @@ class SqlTransaction:
             values[qt.finished_at] = now
         if error is not None:
             values[qt.error] = error
-        stmt = (
-            sa.update(qt.table)
-            .where(c.id.in_(list(item_ids)), c.status.in_(sorted(sources)))
-            .values(values)
-            .returning(c.id)
-        )
+        where = [c.id.in_(list(item_ids)), c.status.in_(sorted(sources))]
+        if queue.dead == queue.retry_to and queue.dead in sources and target != queue.dead:
+            # One status is both "waiting for a retry" and the dead letter
+            # (tasks' Failed): only the first kind is unfinished and may move.
+            where.append(sa.or_(c.status != queue.dead, qt.retry_at.is_not(None)))
+        stmt = sa.update(qt.table).where(*where).values(values).returning(c.id)
         with translate_errors(f"{queue.name} -> {target}"):
             return set((await self.connection.execute(stmt)).scalars().all())
 
