@@ -32,9 +32,6 @@ __all__ = ["SqlRepository", "SqlTransaction"]
 
 ItemId = uuid.UUID | int
 
-# Rows per multi-row INSERT: keeps SQLite under its bound-variable limit.
-_INSERT_CHUNK = 500
-
 
 class SqlTransaction:
     """One open transaction; the semantic operations of the port."""
@@ -292,10 +289,12 @@ class SqlTransaction:
         ]
         created: set[uuid.UUID] = set()
         with translate_errors("create tasks"):
-            for start in range(0, len(rows), _INSERT_CHUNK):
-                chunk = rows[start : start + _INSERT_CHUNK]
-                stmt = self._insert(t).values(chunk).on_conflict_do_nothing().returning(t.c.id)
-                created.update((await self.connection.execute(stmt)).scalars().all())
+            if rows:
+                # executemany with RETURNING: SQLAlchemy batches it into
+                # multi-row INSERTs ("insertmanyvalues") from one cached
+                # statement, several times faster than compiling a VALUES list.
+                stmt = self._insert(t).on_conflict_do_nothing().returning(t.c.id)
+                created.update((await self.connection.execute(stmt, rows)).scalars().all())
             # A row that was not inserted lost a dedupe race (or repeats a key):
             # answer with the id of the task that holds the key.
             existing = await self._existing_task_ids(
@@ -341,12 +340,9 @@ class SqlTransaction:
             }
             for row in rows
         ]
-        ids: list[int] = []
         with translate_errors("insert outbox"):
-            for start in range(0, len(values), _INSERT_CHUNK):
-                stmt = sa.insert(t).values(values[start : start + _INSERT_CHUNK]).returning(t.c.id)
-                ids.extend((await self.connection.execute(stmt)).scalars().all())
-        return ids
+            result = await self.connection.execute(sa.insert(t).returning(t.c.id), values)
+            return list(result.scalars().all())
 
     def notify(self, channel: str) -> None:
         self.channels.add(channel)
