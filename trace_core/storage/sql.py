@@ -24,7 +24,7 @@ from trace_core.storage.protocol import (
     TaskCreated,
 )
 from trace_core.storage.sql_errors import translate_errors
-from trace_core.storage.sql_leasing import LeaseStatements
+from trace_core.storage.sql_leasing import LeaseStatements, status_in
 from trace_core.storage.url import DatabaseURL, parse_database_url
 from trace_core.wakeup import WakeupHub
 
@@ -145,7 +145,7 @@ class SqlTransaction:
             sa.update(qt.table)
             .where(
                 *self._stmts.fence(qt, fence.claim_version is not None),
-                c.status.in_(sorted(sources)),
+                status_in(c.status, sources),
             )
             .values(new)
         )
@@ -165,18 +165,14 @@ class SqlTransaction:
             return set()
         qt = self._stmts.table(queue)
         c = qt.c
-        keys = [(f.item_id, f.lease_token, f.attempt) for f in fences]
+        stmt, params = self._stmts.complete_many(queue, fences)
         stmt = (
-            sa.update(qt.table)
-            .where(
-                sa.tuple_(c.id, c.lease_token, qt.attempt).in_(keys),
-                c.status.in_(sorted(sources)),
-            )
+            stmt.where(status_in(c.status, sources))
             .values({c.status: queue.done, qt.finished_at: now, c.lease_expires_at: None})
             .returning(c.id)
         )
         with translate_errors(f"complete {queue.name}"):
-            return set((await self.connection.execute(stmt)).scalars().all())
+            return set((await self.connection.execute(stmt, params)).scalars().all())
 
     async def fail(
         self,
@@ -207,7 +203,7 @@ class SqlTransaction:
             values[qt.retry_at] = dead_retry_at
             values[qt.finished_at] = now
         where = [*self._stmts.fence(qt, fence.claim_version is not None)]
-        where.append(c.status.in_(sorted(queue.leased)))
+        where.append(status_in(c.status, queue.leased))
         if expired_before is not None:
             where.append(c.lease_expires_at < expired_before)
             if queue.expiry_bumps_claim_version:
@@ -256,7 +252,7 @@ class SqlTransaction:
             values[qt.finished_at] = now
         if error is not None:
             values[qt.error] = error
-        where = [c.id.in_(list(item_ids)), c.status.in_(sorted(sources))]
+        where = [c.id.in_(list(item_ids)), status_in(c.status, sources)]
         if queue.dead == queue.retry_to and queue.dead in sources and target != queue.dead:
             # One status is both "waiting for a retry" and the dead letter
             # (tasks' Failed): only the first kind is unfinished and may move.

@@ -1,23 +1,46 @@
 """SQL statements of the ownership protocol, for any queue and either engine.
 
 Every statement here is built once per (queue, shape) and cached; values go
-in as bind parameters. The dialect differences are exactly two: Postgres
-locks the claim's candidate rows with ``FOR UPDATE SKIP LOCKED`` (SQLite's
-``BEGIN IMMEDIATE`` already serializes writers), and the fresh lease token is
-``gen_random_uuid()`` on Postgres and 16 random bytes in hex on SQLite.
+in as bind parameters, status names as literals (see :func:`status_in`).
+The dialect differences: Postgres locks the claim's candidate rows with
+``FOR UPDATE SKIP LOCKED`` (SQLite's ``BEGIN IMMEDIATE`` already serializes
+writers); the fresh lease token is ``gen_random_uuid()`` on Postgres and 16
+random bytes in hex on SQLite; a batch of fences is joined as ``unnest``
+arrays on Postgres and ``json_each`` on SQLite.
 """
 
 from __future__ import annotations
 
 import functools
+import json
+import uuid
+from collections.abc import Sequence
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
 
-from trace_core.model import QueueSpec
+from trace_core.model import Fence, QueueSpec
 from trace_core.storage.queue_tables import QUEUE_TABLES, QueueTable
 
-__all__ = ["LeaseStatements"]
+__all__ = ["LeaseStatements", "status_in"]
+
+
+def _status(value: str) -> sa.ColumnElement[str]:
+    # Status names are constants of the lifecycle tables, never input. As SQL
+    # literals they let Postgres match the partial indexes (WHERE status =
+    # 'Queued') from a generic prepared plan, which a bind parameter hides.
+    if not value.replace("_", "").isalnum():
+        raise ValueError(f"not a status name: {value!r}")
+    return sa.literal_column(f"'{value}'", sa.Text())
+
+
+def status_in(column: sa.ColumnElement[str], values: Any) -> sa.ColumnElement[bool]:
+    """``column = 'a'`` or ``column IN ('a', 'b')`` with literal status names."""
+    names = sorted({values} if isinstance(values, str) else set(values))
+    if len(names) == 1:
+        return column == _status(names[0])
+    return column.in_([_status(n) for n in names])
 
 
 def _random_token(engine_name: str) -> sa.ColumnElement[Any]:
@@ -54,7 +77,7 @@ class LeaseStatements:
         """Lease ready items: by id, or the oldest ``:limit`` ones."""
         qt = self.table(queue)
         c = qt.c
-        ready = [c.status == queue.ready]
+        ready = [status_in(c.status, queue.ready)]
         if qt.ready_at is not None:
             ready.append(qt.ready_at <= sa.bindparam("now"))
         if queue.first_claim_keeps_attempt:
@@ -81,7 +104,7 @@ class LeaseStatements:
             pick = sa.select(c.id).where(*ready).order_by(*qt.order_by).limit(sa.bindparam("limit"))
             # The status test is repeated outside the pick so a row that a
             # concurrent claim took between pick and update is not re-taken.
-            stmt = self._where_picked(stmt, qt, pick).where(c.status == queue.ready)
+            stmt = self._where_picked(stmt, qt, pick).where(status_in(c.status, queue.ready))
         return stmt.values(values).returning(*self._returning(qt))
 
     def _where_picked(self, stmt: sa.Update, qt: QueueTable, pick: sa.Select[Any]) -> sa.Update:
@@ -133,7 +156,7 @@ class LeaseStatements:
         c = qt.c
         return (
             sa.update(qt.table)
-            .where(*self.fence(qt, with_claim_version), c.status.in_(sorted(queue.leased)))
+            .where(*self.fence(qt, with_claim_version), status_in(c.status, queue.leased))
             .values(
                 {c.lease_expires_at: sa.bindparam("expires_at"), qt.heartbeat: sa.bindparam("now")}
             )
@@ -148,7 +171,7 @@ class LeaseStatements:
         stmt = (
             sa.select(c.id, qt.attempt, c.lease_token, c.claim_version)
             .where(
-                c.status.in_(sorted(queue.leased)),
+                status_in(c.status, queue.leased),
                 c.lease_expires_at < sa.bindparam("now"),
             )
             .order_by(c.lease_expires_at)
@@ -166,7 +189,7 @@ class LeaseStatements:
         pick = (
             sa.select(c.id)
             .where(
-                c.status == queue.retry_to,
+                status_in(c.status, queue.retry_to),
                 qt.retry_at.is_not(None),
                 qt.retry_at <= sa.bindparam("now"),
             )
@@ -177,7 +200,62 @@ class LeaseStatements:
             values[qt.retry_at] = None
         return (
             self._where_picked(sa.update(qt.table), qt, pick)
-            .where(c.status == queue.retry_to)
+            .where(status_in(c.status, queue.retry_to))
             .values(values)
             .returning(c.id)
         )
+
+    def complete_many(
+        self, queue: QueueSpec, fences: Sequence[Fence]
+    ) -> tuple[sa.Update, dict[str, Any]]:
+        """A fenced batch update joined to its fences, and its parameters.
+
+        The fences travel as one parameter (arrays for ``unnest`` on Postgres,
+        a JSON array for ``json_each`` on SQLite), so the statement text is the
+        same for every batch size: compiled and prepared once, and each row is
+        found through the primary key.
+        """
+        qt = self.table(queue)
+        c = qt.c
+        if self.engine_name == "postgres":
+            keys = (
+                sa.func.unnest(
+                    sa.cast(sa.bindparam("f_ids"), postgresql.ARRAY(c.id.type)),
+                    sa.cast(sa.bindparam("f_tokens"), postgresql.ARRAY(sa.Uuid())),
+                    sa.cast(sa.bindparam("f_attempts"), postgresql.ARRAY(sa.Integer())),
+                )
+                .table_valued("id", "tok", "att")
+                .render_derived()
+                .alias("f")
+            )
+            stmt = sa.update(qt.table).where(
+                c.id == keys.c.id, c.lease_token == keys.c.tok, qt.attempt == keys.c.att
+            )
+            return stmt, {
+                "f_ids": [f.item_id for f in fences],
+                "f_tokens": [f.lease_token for f in fences],
+                "f_attempts": [f.attempt for f in fences],
+            }
+        rows = sa.func.json_each(sa.bindparam("f_keys")).table_valued("value").alias("f")
+        uuid_ids = isinstance(c.id.type, sa.Uuid)
+
+        def field(index: int) -> sa.ColumnElement[Any]:
+            return sa.func.json_extract(rows.c.value, f"$[{index}]")
+
+        # On SQLite a Uuid column holds 32 hex characters: compare as text.
+        stmt = sa.update(qt.table).where(
+            sa.type_coerce(c.id, sa.Text() if uuid_ids else sa.Integer()) == field(0),
+            sa.type_coerce(c.lease_token, sa.Text()) == field(1),
+            qt.attempt == field(2),
+        )
+        encoded = json.dumps(
+            [
+                [
+                    f.item_id.hex if isinstance(f.item_id, uuid.UUID) else f.item_id,
+                    f.lease_token.hex,
+                    f.attempt,
+                ]
+                for f in fences
+            ]
+        )
+        return stmt, {"f_keys": encoded}
