@@ -93,7 +93,7 @@ class LeaseQueue:
             raise ConfigurationError(
                 f"claim limit must be within 1..{self.config.max_batch}, got {limit}"
             )
-        async with self._tx(tx) as t:
+        async with self._tx(tx, single=True) as t:
             return await t.claim(
                 self.queue,
                 worker_id=worker_id,
@@ -138,7 +138,7 @@ class LeaseQueue:
     async def heartbeat(self, fence: Fence, *, tx: Transaction | None = None) -> datetime:
         """Extend the lease; raises :class:`StaleClaim` if it is not current."""
         now = self.clock.now()
-        async with self._tx(tx) as t:
+        async with self._tx(tx, single=True) as t:
             expires = await t.heartbeat(
                 self.queue,
                 fence,
@@ -188,7 +188,7 @@ class LeaseQueue:
         left untouched (the caller decides whether that is an error).
         """
         q = self.queue
-        async with self._tx(tx) as t:
+        async with self._tx(tx, single=True) as t:
             return await t.complete_many(
                 q, fences, sources=q.lifecycle.sources_of(q.done), now=self.clock.now()
             )
@@ -336,8 +336,13 @@ class LeaseQueue:
 
     # --- internals ----------------------------------------------------------
 
-    def _tx(self, tx: Transaction | None) -> AbstractAsyncContextManager[Transaction]:
-        return _Joined(tx) if tx is not None else self.repo.transaction()
+    def _tx(
+        self, tx: Transaction | None, *, single: bool = False
+    ) -> AbstractAsyncContextManager[Transaction]:
+        """The caller's transaction, or a new one (``single``: one statement)."""
+        if tx is not None:
+            return _Joined(tx)
+        return self.repo.statement() if single else self.repo.transaction()
 
     async def _transition(
         self,

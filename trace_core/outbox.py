@@ -164,7 +164,7 @@ class OutboxRelay:
     async def run(self) -> None:
         """Drain until :meth:`stop`; full batches loop at once, else wait or poll."""
         try:
-            await self.repo.listen(OUTBOX_CHANNEL)
+            wakeups = await self.repo.subscribe(OUTBOX_CHANNEL)
             while not self._stop.is_set():
                 handled = await self.run_once()
                 if handled >= self.config.batch_size:
@@ -173,7 +173,7 @@ class OutboxRelay:
                     break
                 wait = self._rng.uniform(self.config.poll_min_seconds, self.config.poll_max_seconds)
                 with anyio.CancelScope() as self._waiting:
-                    await self.repo.wait_for_wakeup(OUTBOX_CHANNEL, wait)
+                    await wakeups.wait(wait)
         finally:
             self._stopped.set()
 

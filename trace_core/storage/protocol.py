@@ -18,6 +18,7 @@ from datetime import datetime
 from typing import Any, Literal, Protocol
 
 from trace_core.model import Fence, ItemState, Lease, QueueSpec
+from trace_core.wakeup import Subscription
 
 __all__ = [
     "IdempotencyRecord",
@@ -227,6 +228,11 @@ class Repository(Protocol):
         """A write transaction (on SQLite, ``BEGIN IMMEDIATE``)."""
         ...
 
+    def statement(self) -> AbstractAsyncContextManager[Transaction]:
+        """For one statement that is atomic by itself; the engine may skip the
+        explicit transaction around it (Postgres autocommit)."""
+        ...
+
     def read(self) -> AbstractAsyncContextManager[Transaction]:
         """A read-only transaction."""
         ...
@@ -234,6 +240,11 @@ class Repository(Protocol):
     async def listen(self, channel: str, max_wait: float = 10.0) -> bool:
         """Subscribe to commits on ``channel`` made by other processes, where the
         engine can (Postgres LISTEN); True once in effect."""
+        ...
+
+    async def subscribe(self, channel: str) -> Subscription:
+        """Wake-ups of ``channel`` for a consumer loop, losing none that fire
+        while the consumer is busy; includes other processes where possible."""
         ...
 
     async def wait_for_wakeup(self, channel: str, max_wait: float) -> bool:

@@ -26,7 +26,7 @@ from trace_core.storage.protocol import (
 from trace_core.storage.sql_errors import translate_errors
 from trace_core.storage.sql_leasing import LeaseStatements, status_in
 from trace_core.storage.url import DatabaseURL, parse_database_url
-from trace_core.wakeup import WakeupHub
+from trace_core.wakeup import Subscription, WakeupHub
 
 __all__ = ["SqlRepository", "SqlTransaction"]
 
@@ -454,6 +454,24 @@ class SqlRepository:
                 yield tx
 
     @asynccontextmanager
+    async def statement(self) -> AsyncIterator[SqlTransaction]:
+        """For one statement that is atomic by itself (a batch claim, a batch
+        completion, a heartbeat): autocommit on Postgres, sparing the BEGIN and
+        COMMIT round trips; a write transaction on SQLite."""
+        if self.engine_name != "postgres":
+            async with self.transaction() as tx:
+                yield tx
+            return
+        with translate_errors("connect"):
+            conn = await self.engine.connect()
+        try:
+            await conn.execution_options(isolation_level="AUTOCOMMIT")
+            yield SqlTransaction(conn, self)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await conn.close()
+
+    @asynccontextmanager
     async def read(self) -> AsyncIterator[SqlTransaction]:
         """A read-only transaction (SQLite: deferred, takes no write lock)."""
         async with self._open(write=False) as tx:
@@ -506,6 +524,12 @@ class SqlRepository:
             self._listener = PgListener(self.url, self.hub)
         active = self._listener.listen(channel)
         return await anyio.to_thread.run_sync(active.wait, max_wait)
+
+    async def subscribe(self, channel: str) -> Subscription:
+        """Wake-ups of ``channel`` for a consumer loop; on Postgres, once LISTEN
+        is in effect, commits in other processes wake it too."""
+        await self.listen(channel)
+        return self.hub.subscribe(channel)
 
     async def wait_for_wakeup(self, channel: str, max_wait: float) -> bool:
         """Wait for a commit on ``channel`` here or (Postgres) in another process."""
