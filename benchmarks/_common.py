@@ -29,10 +29,14 @@ __all__ = [
     "count_tasks",
     "current_rss_mb",
     "emit",
+    "load_average",
+    "machine_busy_s",
     "median",
     "peak_rss_mb",
     "percentile",
+    "server_cpu_s",
     "summarize",
+    "trace_revision",
 ]
 
 log = logging.getLogger("benchmarks")
@@ -70,9 +74,16 @@ def summarize(rows: Sequence[Mapping[str, Any]], keys: Iterable[str]) -> dict[st
 # --- output ------------------------------------------------------------------
 
 
+_REVISION: str | None = None
+
+
 def emit(obj: Mapping[str, Any]) -> None:
-    """Print one JSON object on one line of stdout."""
-    sys.stdout.write(json.dumps(obj, sort_keys=False, default=str) + "\n")
+    """Print one JSON object on one line of stdout (with the Trace revision measured)."""
+    global _REVISION
+    if _REVISION is None:
+        _REVISION = trace_revision()
+    out = {**obj, "trace_revision": _REVISION}
+    sys.stdout.write(json.dumps(out, sort_keys=False, default=str) + "\n")
     sys.stdout.flush()
 
 
@@ -90,8 +101,70 @@ def current_rss_mb() -> float:
     return round(pages * os.sysconf("SC_PAGE_SIZE") / 2**20, 1)
 
 
+def trace_revision() -> str:
+    """The Trace code measured: git commit of ``trace_core`` (``+dirty`` if it has
+    uncommitted changes), else ``$TRACE_REVISION``, else ``unknown``."""
+    import subprocess
+
+    import trace_core
+
+    root = Path(trace_core.__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--", "trace_core"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return os.environ.get("TRACE_REVISION", "unknown")
+    return head + ("+dirty" if dirty else "")
+
+
 def utcnow() -> datetime:
     return datetime.now(UTC)
+
+
+def _proc_stat(pid: int | str) -> tuple[int, float] | None:
+    """(parent pid, CPU seconds incl. reaped children) of one process, or None."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()
+    # Fields 4 (ppid) and 14-17 (utime, stime, cutime, cstime) of the full line.
+    return int(fields[1]), sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
+def server_cpu_s(postmaster: int) -> float:
+    """CPU seconds used so far by one Postgres server: the postmaster and its
+    children (a closed backend's time lands in the postmaster's ``cutime``)."""
+    total = 0.0
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        st = _proc_stat(proc.name)
+        if st is not None and (st[0] == postmaster or int(proc.name) == postmaster):
+            total += st[1]
+    return total
+
+
+def machine_busy_s() -> float:
+    """Busy CPU seconds of the whole machine since boot (``/proc/stat``)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def load_average() -> float:
+    """The 1-minute load average: other work on the machine skews every figure."""
+    return round(os.getloadavg()[0], 2)
 
 
 # --- databases -----------------------------------------------------------------
@@ -115,6 +188,8 @@ class Databases:
         self._server_url: sa.URL | None = None
         self._made: list[str] = []
         self.server_info: dict[str, Any] = {}
+        self.postmaster: int | None = None
+        """The server's postmaster pid when it runs on this machine (for its CPU time)."""
 
     def __enter__(self) -> Databases:
         if self.engine == "postgres":
@@ -183,10 +258,14 @@ class Databases:
 
         names = ("server_version", "fsync", "synchronous_commit", "wal_level", "shared_buffers")
         with psycopg.connect(self._admin_conninfo(), autocommit=True) as conn:
-            return {
+            info = {
                 name: conn.execute(f"SHOW {name}").fetchone()[0]  # type: ignore[index]
                 for name in names
             }
+            backend = _proc_stat(conn.info.backend_pid)
+        # A server on another host: no CPU figures for it.
+        self.postmaster = backend[0] if backend is not None else None
+        return info
 
     def _new_pg_database(self, label: str) -> str:
         import psycopg

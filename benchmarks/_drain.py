@@ -13,6 +13,7 @@ import logging
 import multiprocessing as mp
 import os
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from multiprocessing.synchronize import Barrier, Event
@@ -27,8 +28,11 @@ from benchmarks._common import (
     Databases,
     count_tasks,
     current_rss_mb,
+    load_average,
     log,
+    machine_busy_s,
     peak_rss_mb,
+    server_cpu_s,
     utcnow,
 )
 from trace_core.standalone import ensure_standalone_job
@@ -54,6 +58,9 @@ class DrainParams:
     wakeup_outbox: bool = True
     dedupe_keys: bool = False
     profile_dir: str | None = None
+    fill: str = "api"
+    """``api``: enqueue through ``TaskQueue.create`` (measured); ``sql``: one bulk
+    ``INSERT … SELECT`` fixture (for very large drains; enqueue not measured)."""
 
 
 @dataclass(frozen=True)
@@ -115,7 +122,9 @@ async def _worker(cfg: _WorkerConfig, barrier: Barrier, go: Event) -> dict[str, 
     rss_now_start = current_rss_mb()
     await anyio.to_thread.run_sync(barrier.wait)
     await anyio.to_thread.run_sync(go.wait)
-    profiler = cProfile.Profile() if cfg.profile_dir else None
+    # CPU time, not wall time: on a saturated machine wall time lands on whatever
+    # call happened to be running when the scheduler switched away.
+    profiler = cProfile.Profile(time.process_time) if cfg.profile_dir else None
     cpu0 = os.times()
     started = time.monotonic()
     if profiler is not None:
@@ -146,11 +155,12 @@ async def _worker(cfg: _WorkerConfig, barrier: Barrier, go: Event) -> dict[str, 
 # --- the driver ------------------------------------------------------------------------
 
 
-def _machine_busy() -> tuple[float, float]:
-    """(busy, total) jiffies of all CPUs from ``/proc/stat``."""
-    fields = [float(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    idle = fields[3] + fields[4]
-    return sum(fields) - idle, sum(fields)
+async def _job(url: str) -> uuid.UUID:
+    repo = SqlRepository(url)
+    try:
+        return await ensure_standalone_job(repo, JOB_NAME, now=utcnow())
+    finally:
+        await repo.close()
 
 
 async def _enqueue(url: str, params: DrainParams) -> float:
@@ -178,8 +188,15 @@ def run_drain(
 ) -> dict[str, Any]:
     """One drain run on a fresh database; emits and returns its result object."""
     url = dbs.fresh(f"drain{run}")
-    log.info("run %d: enqueueing %d tasks", run, params.tasks)
-    enqueue_s = anyio.run(_enqueue, url, params, backend="asyncio")
+    log.info("run %d: enqueueing %d tasks (%s)", run, params.tasks, params.fill)
+    enqueue_s: float | None
+    if params.fill == "sql":
+        from benchmarks._claim_cost import fill_queued
+
+        fill_queued(url, anyio.run(_job, url, backend="asyncio"), params.tasks)
+        enqueue_s = None
+    else:
+        enqueue_s = anyio.run(_enqueue, url, params, backend="asyncio")
 
     ctx = mp.get_context("spawn")
     barrier = ctx.Barrier(params.workers + 1)
@@ -202,11 +219,15 @@ def run_drain(
         p.start()
     try:
         barrier.wait(timeout=120)
-        busy0, total0 = _machine_busy()
+        pm = dbs.postmaster
+        load = load_average()
+        pg0 = server_cpu_s(pm) if pm else 0.0
+        busy0 = machine_busy_s()
         started = time.monotonic()
         go.set()
         outs = [results.get(timeout=3600) for _ in procs]
-        busy1, total1 = _machine_busy()
+        busy1 = machine_busy_s()
+        pg1 = server_cpu_s(pm) if pm else 0.0
     finally:
         for p in procs:
             p.join(timeout=60)
@@ -225,6 +246,8 @@ def run_drain(
         and sum(counts.values()) == params.tasks
         and completed == params.tasks
     )
+    worker_cpu = sum(o["cpu_s"] for o in outs)
+    cores = os.cpu_count() or 1
     result: dict[str, Any] = {
         "engine": dbs.engine,
         "mode": "drain",
@@ -235,8 +258,9 @@ def run_drain(
         "batch": params.batch,
         "seconds": round(seconds, 3),
         "tasks_per_s": round(params.tasks / seconds, 1),
-        "enqueue_seconds": round(enqueue_s, 3),
-        "enqueue_per_s": round(params.tasks / enqueue_s, 1),
+        "fill": params.fill,
+        "enqueue_seconds": round(enqueue_s, 3) if enqueue_s else None,
+        "enqueue_per_s": round(params.tasks / enqueue_s, 1) if enqueue_s else None,
         "enqueue_batch": params.enqueue_batch,
         "wakeup_outbox": params.wakeup_outbox,
         "dedupe_keys": params.dedupe_keys,
@@ -246,8 +270,21 @@ def run_drain(
         "claim_rounds": rounds,
         "claim_ms_avg": round(1000 * sum(o["claim_s"] for o in outs) / max(rounds, 1), 3),
         "complete_ms_avg": round(1000 * sum(o["complete_s"] for o in outs) / max(rounds, 1), 3),
-        "worker_cpu_s": round(sum(o["cpu_s"] for o in outs), 2),
-        "machine_cpu_busy_pct": round(100 * (busy1 - busy0) / max(total1 - total0, 1), 1),
+        "worker_cpu_s": round(worker_cpu, 2),
+        "worker_cpu_us_per_task": round(1e6 * worker_cpu / params.tasks, 1),
+        "postgres_cpu_s": round(pg1 - pg0, 2) if pm else None,
+        "postgres_cpu_us_per_task": round(1e6 * (pg1 - pg0) / params.tasks, 1) if pm else None,
+        "machine_cpu_busy_pct": round(100 * (busy1 - busy0) / (seconds * cores), 1),
+        # CPU the machine spent on anything but this run (other jobs skew the figures).
+        "other_cpu_pct": round(
+            100 * max(0.0, busy1 - busy0 - worker_cpu - (pg1 - pg0)) / (seconds * cores), 1
+        ),
+        "load_average_before": load,
+        # What the run would reach if it had the machine to itself and stayed CPU-bound:
+        # cores / (worker + server CPU per task). An estimate, for noisy machines.
+        "cpu_bound_tasks_per_s": (
+            round(params.tasks * cores / (worker_cpu + pg1 - pg0), 1) if pm else None
+        ),
         "worker_rss_start_mb": [o["rss_start_mb"] for o in outs],
         "worker_rss_end_mb": [o["rss_end_mb"] for o in outs],
         "worker_rss_now_start_mb": [o["rss_now_start_mb"] for o in outs],

@@ -37,7 +37,9 @@ _DRAIN_KEYS = (
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.queue", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.queue", description=__doc__.split("\n")[0]
+    )
     p.add_argument("--engine", choices=("sqlite", "postgres"), required=True)
     p.add_argument(
         "--db",
@@ -58,11 +60,24 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--dedupe-keys", action="store_true", help="give every task a dedupe key")
     p.add_argument(
+        "--fill",
+        choices=("api", "sql"),
+        default="api",
+        help="drain: enqueue through TaskQueue.create (api, measured) or one bulk SQL "
+        "INSERT fixture (sql: for 10^6-task memory runs; enqueue_per_s is then null)",
+    )
+    p.add_argument(
         "--depths",
         help="claim-cost: comma-separated queue depths "
         "(default 1000,100000,1000000 on Postgres; 1000,100000 on SQLite)",
     )
     p.add_argument("--rounds", type=int, default=200, help="claim-cost: measured rounds per depth")
+    p.add_argument(
+        "--history",
+        type=int,
+        default=0,
+        help="claim-cost: also insert this many Completed tasks (finished rows piling up)",
+    )
     p.add_argument("--samples", type=int, default=300, help="latency: samples per scenario")
     p.add_argument("--pause", type=float, default=0.02, help="latency: seconds between enqueues")
     p.add_argument(
@@ -107,6 +122,7 @@ def _drain(args: argparse.Namespace, dbs: Databases) -> None:
         wakeup_outbox=not args.no_wakeup_outbox,
         dedupe_keys=args.dedupe_keys,
         profile_dir=args.profile,
+        fill=args.fill,
     )
     if args.profile:
         Path(args.profile).mkdir(parents=True, exist_ok=True)
@@ -134,7 +150,7 @@ def _drain(args: argparse.Namespace, dbs: Databases) -> None:
 def _claim_cost(args: argparse.Namespace, dbs: Databases) -> None:
     from benchmarks._claim_cost import run_claim_cost
 
-    run_claim_cost(dbs, args.depth_list, args.batch, args.rounds, emit)
+    run_claim_cost(dbs, args.depth_list, args.batch, args.rounds, emit, history=args.history)
 
 
 def _latency(args: argparse.Namespace, dbs: Databases) -> None:

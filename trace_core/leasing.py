@@ -129,7 +129,7 @@ class LeaseQueue:
             return NotClaimedReason.COMPLETED
         if state.status == "Canceled":
             return NotClaimedReason.CANCELED
-        if state.status == q.dead and (q.dead != q.retry_to or state.retry_at is None):
+        if q.is_dead_letter(state.status, state.retry_at):
             return NotClaimedReason.DEAD_LETTERED
         return NotClaimedReason.NOT_READY
 

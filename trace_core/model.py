@@ -72,6 +72,14 @@ class QueueSpec:
         if self.claimed not in self.leased:
             raise ValueError(f"{self.name}: claimed status must be leased")
 
+    def is_dead_letter(self, status: str, retry_at: object) -> bool:
+        """Whether an item in ``status`` (with its retry time) is dead-lettered.
+
+        Where one status is both "waiting for a retry" and the dead letter
+        (tasks' ``Failed``), only the one without a retry time is dead.
+        """
+        return status == self.dead and (self.dead != self.retry_to or retry_at is None)
+
     @property
     def requeues_later(self) -> bool:
         """Whether retries wait in a separate status until due (then move to ready)."""
