@@ -145,3 +145,14 @@ async def test_bad_new_tasks_are_refused_with_the_field(
     with pytest.raises(ConfigurationError, match=rf"tasks\[1\]\.{field}"):
         await tq.create([NewTask(job), NewTask(job, **task)])  # type: ignore[arg-type]
     assert await task_count(repo) == 0
+
+
+async def test_absent_json_is_sql_null(repo: SqlRepository, clock: ManualClock) -> None:
+    job = await make_job(repo, clock.now())
+    await TaskQueue(repo, clock=clock).create([NewTask(job)])
+    t = schema.tasks
+    async with repo.read() as tx:
+        nulls = await tx.connection.execute(
+            sa.select(sa.func.count()).where(t.c.input_versions.is_(None), t.c.outputs.is_(None))
+        )
+        assert nulls.scalar_one() == 1

@@ -22,8 +22,9 @@ __all__ = ["EmptyArray", "JSONDoc", "StringArray", "UTCDateTime", "Uuid"]
 Uuid = sa.Uuid
 """Native ``UUID`` on Postgres, 32-hex ``CHAR`` on SQLite; Python ``uuid.UUID`` on both."""
 
-JSONDoc = sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
-"""``JSONB`` on Postgres, JSON text on SQLite."""
+JSONDoc = sa.JSON(none_as_null=True).with_variant(postgresql.JSONB(none_as_null=True), "postgresql")
+"""``JSONB`` on Postgres, JSON text on SQLite. Python ``None`` is SQL ``NULL``
+(not a JSON ``null``), so ``IS NULL`` means what it says."""
 
 
 class UTCDateTime(sa.types.TypeDecorator[datetime]):

@@ -492,11 +492,10 @@ class SqlRepository:
                 yield tx
                 if tx.channels and self.engine_name == "postgres":
                     # Delivered by Postgres at commit; one per channel per
-                    # transaction, however many rows it wrote.
-                    for channel in sorted(tx.channels):
-                        await conn.execute(
-                            sa.select(sa.func.pg_notify(channel, "")),
-                        )
+                    # transaction however many rows it wrote, all in one trip.
+                    await conn.execute(
+                        sa.select(*(sa.func.pg_notify(ch, "") for ch in sorted(tx.channels)))
+                    )
                 with translate_errors("commit"):
                     await conn.commit()
             except BaseException:

@@ -1,0 +1,346 @@
+"""Latency mode: an idle worker waiting on the wake-up channel, one task at a time.
+
+The worker loops like a real one: claim; if nothing came back, wait on
+``repo.wait_for_wakeup(TASKS_CHANNEL, timeout)``; claim again. An enqueuer
+creates one task every ``pause`` seconds through ``TaskQueue.create`` with the
+moment it started stamped (``time.monotonic()``, one clock for every process
+on Linux) in the task's ``input_versions``. A sample is the time from that
+stamp to the worker holding the lease. Scenarios:
+
+``in-process``
+    Worker and enqueuer are coroutines of one event loop sharing one
+    repository (the commit fires the in-process hub). Both engines. Run in a
+    child process with a time budget, so that a hung event loop is reported
+    (``"hung": true``) instead of stalling the benchmark.
+``in-process-threads``
+    One process, two event loops: the worker on its own thread and loop,
+    each side with its own repository, sharing one ``WakeupHub``.
+``cross-process``
+    The worker is another OS process; the wake-up travels through Postgres
+    ``LISTEN/NOTIFY``. Postgres only (SQLite has no cross-process wake-up).
+
+A wake-up lost between the worker's empty claim and its next wait costs the
+whole ``timeout``; such samples are counted in ``slow_samples``.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import queue as queue_mod
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from multiprocessing.synchronize import Event
+from typing import Any
+
+import anyio
+import anyio.to_thread
+
+from benchmarks._common import Databases, load_average, log, median, percentile, utcnow
+from trace_core.standalone import ensure_standalone_job
+from trace_core.storage.protocol import NewTask
+from trace_core.storage.sql import SqlRepository
+from trace_core.tasks import TASKS_CHANNEL, TaskQueue
+from trace_core.wakeup import WakeupHub
+
+__all__ = ["LatencyParams", "run_latency"]
+
+_WARMUP = 10
+_START_DELAY = 1.0
+"""Seconds the enqueuer waits first, so the worker's listener is up."""
+
+
+@dataclass(frozen=True)
+class LatencyParams:
+    samples: int = 300
+    pause: float = 0.02
+    wait_timeout: float = 1.0
+    wakeup_outbox: bool = True
+
+
+# Claimed samples: (task id, stamped enqueue start, claim returned, claim started
+# (after the wake-up, or after the previous claim when it was not a wake-up)).
+Sample = tuple[str, float, float, float]
+
+
+class _Waiter:
+    """The worker side: claim, else wait for a wake-up, until told to stop."""
+
+    def __init__(self, repo: SqlRepository, wait_timeout: float) -> None:
+        self.repo = repo
+        self.queue = TaskQueue(repo)
+        self.wait_timeout = wait_timeout
+        self.samples: list[Sample] = []
+        self.wakeups = 0
+        self.timeouts = 0
+
+    async def run(self, stopped: Callable[[], bool]) -> None:
+        while not stopped():
+            started = time.monotonic()
+            leases = await self.queue.claim_batch("bench-latency", 10)
+            now = time.monotonic()
+            if leases:
+                for lease in leases:
+                    stamp = float((lease.data.get("input_versions") or {})["t0"])
+                    self.samples.append((str(lease.item_id), stamp, now, started))
+                await self.queue.complete_many([lease.fence for lease in leases])
+                continue
+            if await self.repo.wait_for_wakeup(TASKS_CHANNEL, self.wait_timeout):
+                self.wakeups += 1
+            else:
+                self.timeouts += 1
+
+
+async def _enqueue_paced(
+    queue: TaskQueue, job_id: Any, count: int, pause: float
+) -> tuple[dict[str, float], list[float]]:
+    """Create ``count`` tasks one at a time; ``({task id: commit returned}, create durations)``."""
+    committed: dict[str, float] = {}
+    durations: list[float] = []
+    await anyio.sleep(_START_DELAY)
+    for _ in range(count):
+        t0 = time.monotonic()
+        created = await queue.create([NewTask(job_id, input_versions={"t0": t0})])
+        t1 = time.monotonic()
+        committed[str(created[0].task_id)] = t1
+        durations.append((t1 - t0) * 1000)
+        await anyio.sleep(pause)
+    return committed, durations
+
+
+# --- cross-process worker ------------------------------------------------------------
+
+
+def _worker_main(url: str, wait_timeout: float, ready: Event, stop: Event, results: Any) -> None:
+    logging.basicConfig(level=logging.WARNING, format="[latency worker] %(message)s")
+    try:
+        out = anyio.run(_worker, url, wait_timeout, ready, stop, backend="asyncio")
+    except BaseException as exc:
+        results.put({"error": repr(exc)})
+        raise
+    results.put(out)
+
+
+async def _worker(url: str, wait_timeout: float, ready: Event, stop: Event) -> dict[str, Any]:
+    repo = SqlRepository(url)
+    waiter = _Waiter(repo, wait_timeout)
+    # Start the LISTEN connection before the enqueuer begins.
+    await repo.wait_for_wakeup(TASKS_CHANNEL, 0.2)
+    ready.set()
+    try:
+        await waiter.run(stop.is_set)
+    finally:
+        await repo.close()
+    return {"samples": waiter.samples, "wakeups": waiter.wakeups, "timeouts": waiter.timeouts}
+
+
+# --- scenarios ----------------------------------------------------------------------------
+
+
+async def _in_process(url: str, params: LatencyParams) -> dict[str, Any]:
+    repo = SqlRepository(url)
+    try:
+        job_id = await ensure_standalone_job(repo, "bench", now=utcnow())
+        queue = TaskQueue(repo, wakeup_outbox=params.wakeup_outbox)
+        waiter = _Waiter(repo, params.wait_timeout)
+        done = False
+        result: dict[str, Any] = {}
+
+        async def enqueuer() -> None:
+            nonlocal done
+            result["committed"], result["durations"] = await _enqueue_paced(
+                queue, job_id, params.samples + _WARMUP, params.pause
+            )
+            await anyio.sleep(0.2)
+            done = True
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(waiter.run, lambda: done)
+            tg.start_soon(enqueuer)
+        return {
+            "samples": waiter.samples,
+            "wakeups": waiter.wakeups,
+            "timeouts": waiter.timeouts,
+            **result,
+        }
+    finally:
+        await repo.close()
+
+
+def _in_process_main(url: str, params: LatencyParams, results: Any) -> None:
+    logging.basicConfig(level=logging.WARNING, format="[latency in-process] %(message)s")
+    try:
+        results.put(anyio.run(_in_process, url, params, backend="asyncio"))
+    except BaseException as exc:
+        results.put({"error": repr(exc)})
+        raise
+
+
+def _in_process_guarded(url: str, params: LatencyParams) -> dict[str, Any]:
+    """Run the one-loop scenario in a child process, so that a hang is reported, not waited on."""
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    proc = ctx.Process(
+        target=_in_process_main, args=(url, params, results), name="trace-bench-latency"
+    )
+    proc.start()
+    budget = 30 + (params.samples + _WARMUP) * (params.pause + 0.05)
+    try:
+        got: dict[str, Any] = results.get(timeout=budget)
+    except queue_mod.Empty:
+        got = {"error": f"no result within {budget:.0f}s: the event loop hung", "hung": True}
+    finally:
+        proc.join(timeout=5)
+        if proc.is_alive():
+            proc.terminate()
+            proc.join(timeout=5)
+    return got
+
+
+async def _threads(url: str, params: LatencyParams) -> dict[str, Any]:
+    """Waiter on its own event loop in a thread; both repositories share one hub."""
+    hub = WakeupHub()
+    stop = threading.Event()
+    box: dict[str, Any] = {}
+
+    def waiter_thread() -> None:
+        async def run() -> None:
+            repo = SqlRepository(url, hub=hub)
+            waiter = _Waiter(repo, params.wait_timeout)
+            try:
+                await waiter.run(stop.is_set)
+            finally:
+                await repo.close()
+            box.update(samples=waiter.samples, wakeups=waiter.wakeups, timeouts=waiter.timeouts)
+
+        anyio.run(run, backend="asyncio")
+
+    thread = threading.Thread(target=waiter_thread, name="trace-bench-waiter")
+    thread.start()
+    try:
+        sent = await _enqueue_only(url, params, hub=hub)
+        await anyio.sleep(0.2)
+    finally:
+        stop.set()
+        await anyio.to_thread.run_sync(thread.join)
+    return {**box, **sent}
+
+
+async def _enqueue_only(
+    url: str, params: LatencyParams, *, hub: WakeupHub | None = None
+) -> dict[str, Any]:
+    repo = SqlRepository(url, hub=hub)
+    try:
+        job_id = await ensure_standalone_job(repo, "bench", now=utcnow())
+        queue = TaskQueue(repo, wakeup_outbox=params.wakeup_outbox)
+        committed, durations = await _enqueue_paced(
+            queue, job_id, params.samples + _WARMUP, params.pause
+        )
+        return {"committed": committed, "durations": durations}
+    finally:
+        await repo.close()
+
+
+def _cross_process(url: str, params: LatencyParams) -> dict[str, Any]:
+    ctx = mp.get_context("spawn")
+    ready = ctx.Event()
+    stop = ctx.Event()
+    results = ctx.Queue()
+    proc = ctx.Process(
+        target=_worker_main,
+        args=(url, params.wait_timeout, ready, stop, results),
+        name="trace-bench-latency-worker",
+    )
+    proc.start()
+    try:
+        if not ready.wait(timeout=60):
+            raise RuntimeError("latency worker did not start")
+        sent = anyio.run(_enqueue_only, url, params, backend="asyncio")
+        time.sleep(0.2)
+        stop.set()
+        got = results.get(timeout=60)
+    finally:
+        proc.join(timeout=30)
+        if proc.is_alive():
+            proc.terminate()
+    if "error" in got:
+        raise RuntimeError(f"latency worker failed: {got['error']}")
+    return {**got, **sent}
+
+
+def _report(
+    engine: str, scenario: str, params: LatencyParams, raw: dict[str, Any]
+) -> dict[str, Any]:
+    samples: list[Sample] = sorted(raw["samples"], key=lambda s: s[1])[_WARMUP:]
+    committed: dict[str, float] = raw["committed"]
+    lat = [(claimed - stamp) * 1000 for _, stamp, claimed, _ in samples]
+    after_commit = [
+        (claimed - committed[task_id]) * 1000
+        for task_id, _, claimed, _ in samples
+        if task_id in committed
+    ]
+    # The wake-up's share: commit returned -> claim started (negative when the
+    # waiter woke before the enqueuer's commit call returned), and the claim's own.
+    to_wake = [
+        (begun - committed[task_id]) * 1000
+        for task_id, _, _, begun in samples
+        if task_id in committed
+    ]
+    claim_ms = [(claimed - begun) * 1000 for _, _, claimed, begun in samples]
+    create_ms = raw["durations"][_WARMUP:]
+    return {
+        "engine": engine,
+        "mode": "latency",
+        "scenario": scenario,
+        "samples": len(lat),
+        "median_ms": round(median(lat), 3),
+        "p90_ms": round(percentile(lat, 90), 3),
+        "p99_ms": round(percentile(lat, 99), 3),
+        "max_ms": round(max(lat, default=0.0), 3),
+        "commit_to_claim_median_ms": round(median(after_commit), 3),
+        "commit_to_claim_p99_ms": round(percentile(after_commit, 99), 3),
+        "commit_to_wake_median_ms": round(median(to_wake), 3),
+        "commit_to_wake_p99_ms": round(percentile(to_wake, 99), 3),
+        "claim_call_median_ms": round(median(claim_ms), 3),
+        "claim_call_p99_ms": round(percentile(claim_ms, 99), 3),
+        "create_median_ms": round(median(create_ms), 3),
+        "create_p99_ms": round(percentile(create_ms, 99), 3),
+        "slow_samples": sum(1 for x in lat if x >= params.wait_timeout * 500),
+        "wakeups": raw["wakeups"],
+        "wait_timeouts": raw["timeouts"],
+        "pause_s": params.pause,
+        "wait_timeout_s": params.wait_timeout,
+        "wakeup_outbox": params.wakeup_outbox,
+    }
+
+
+def run_latency(
+    dbs: Databases, params: LatencyParams, emit: Callable[[dict[str, Any]], None]
+) -> list[dict[str, Any]]:
+    """Run the scenarios this engine supports; emits one object per scenario."""
+    rows: list[dict[str, Any]] = []
+    scenarios = ["in-process", "in-process-threads"]
+    if dbs.engine == "postgres":
+        scenarios.append("cross-process")
+    for scenario in scenarios:
+        url = dbs.fresh(f"lat{len(rows)}")
+        log.info("latency: %s, %d samples", scenario, params.samples)
+        load = load_average()
+        if scenario == "in-process":
+            raw = _in_process_guarded(url, params)
+        elif scenario == "in-process-threads":
+            raw = anyio.run(_threads, url, params, backend="asyncio")
+        else:
+            raw = _cross_process(url, params)
+        if "error" in raw:
+            row = {"engine": dbs.engine, "mode": "latency", "scenario": scenario, **raw}
+            log.error("latency %s failed: %s", scenario, raw["error"])
+        else:
+            row = _report(dbs.engine, scenario, params, raw)
+        row["load_average_before"] = load
+        emit(row)
+        rows.append(row)
+        dbs.drop(url)
+    return rows
