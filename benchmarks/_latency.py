@@ -1,7 +1,7 @@
 """Latency mode: an idle worker waiting on the wake-up channel, one task at a time.
 
 The worker loops like a real one: claim; if nothing came back, wait on
-``repo.wait_for_wakeup(TASKS_CHANNEL, timeout)``; claim again. An enqueuer
+``repo.subscribe(TASKS_CHANNEL)`` and wait on it; claim again. An enqueuer
 creates one task every ``pause`` seconds through ``TaskQueue.create`` with the
 moment it started stamped (``time.monotonic()``, one clock for every process
 on Linux) in the task's ``input_versions``. A sample is the time from that
@@ -77,6 +77,7 @@ class _Waiter:
         self.timeouts = 0
 
     async def run(self, stopped: Callable[[], bool]) -> None:
+        wakeups = await self.repo.subscribe(TASKS_CHANNEL)
         while not stopped():
             started = time.monotonic()
             leases = await self.queue.claim_batch("bench-latency", 10)
@@ -87,7 +88,7 @@ class _Waiter:
                     self.samples.append((str(lease.item_id), stamp, now, started))
                 await self.queue.complete_many([lease.fence for lease in leases])
                 continue
-            if await self.repo.wait_for_wakeup(TASKS_CHANNEL, self.wait_timeout):
+            if await wakeups.wait(self.wait_timeout):
                 self.wakeups += 1
             else:
                 self.timeouts += 1
@@ -127,7 +128,7 @@ async def _worker(url: str, wait_timeout: float, ready: Event, stop: Event) -> d
     repo = SqlRepository(url)
     waiter = _Waiter(repo, wait_timeout)
     # Start the LISTEN connection before the enqueuer begins.
-    await repo.wait_for_wakeup(TASKS_CHANNEL, 0.2)
+    await repo.listen(TASKS_CHANNEL)
     ready.set()
     try:
         await waiter.run(stop.is_set)

@@ -84,7 +84,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         "--wait-timeout",
         type=float,
         default=1.0,
-        help="latency: the worker's wait_for_wakeup timeout (a lost wake-up costs this)",
+        help="latency: the worker's wake-up wait timeout (a lost wake-up costs this)",
     )
     p.add_argument("--profile", metavar="DIR", help="drain: cProfile each worker into DIR")
     p.add_argument("--keep", action="store_true", help="keep the databases made")

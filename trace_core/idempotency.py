@@ -18,7 +18,7 @@ from typing import Any
 
 from trace_core.clock import Clock, SystemClock
 from trace_core.errors import ConfigurationError, IdempotencyConflict, IdempotencyInFlight
-from trace_core.storage.protocol import Repository, Transaction
+from trace_core.storage.protocol import Repository, Transaction, within
 
 __all__ = ["IdempotencyStore", "Replay", "request_fingerprint"]
 
@@ -84,15 +84,10 @@ class IdempotencyStore:
         if not scope:
             raise ConfigurationError("idempotency scope must not be empty")
         now = self.clock.now()
-        if tx is not None:
-            record = await tx.idempotency_claim(
+        async with within(self.repo, tx) as t:
+            record = await t.idempotency_claim(
                 scope, key, request_hash, now=now, expires_at=now + self.ttl
             )
-        else:
-            async with self.repo.transaction() as t:
-                record = await t.idempotency_claim(
-                    scope, key, request_hash, now=now, expires_at=now + self.ttl
-                )
         if record.claimed:
             return Replay(first=True)
         if record.request_hash != request_hash:
@@ -116,9 +111,7 @@ class IdempotencyStore:
     ) -> bool:
         """Store the response; pass the request's own ``tx`` to commit both at once."""
         now = self.clock.now()
-        if tx is not None:
-            return await tx.idempotency_complete(scope, key, request_hash, response, now=now)
-        async with self.repo.transaction() as t:
+        async with within(self.repo, tx) as t:
             return await t.idempotency_complete(scope, key, request_hash, response, now=now)
 
     async def release(self, scope: str, key: str, request_hash: str) -> bool:

@@ -19,7 +19,7 @@ from trace_core.clock import Clock, SystemClock
 from trace_core.errors import ConfigurationError, InvalidTransition, NotFound, StaleClaim
 from trace_core.model import ClaimOutcome, Fence, ItemState, Lease, NotClaimedReason, QueueSpec
 from trace_core.retry import RetryClass, RetryPolicy
-from trace_core.storage.protocol import Repository, Transaction
+from trace_core.storage.protocol import Repository, Transaction, within
 
 __all__ = ["FailOutcome", "LeaseConfig", "LeaseQueue", "ReclaimReport"]
 
@@ -340,9 +340,9 @@ class LeaseQueue:
         self, tx: Transaction | None, *, single: bool = False
     ) -> AbstractAsyncContextManager[Transaction]:
         """The caller's transaction, or a new one (``single``: one statement)."""
-        if tx is not None:
-            return _Joined(tx)
-        return self.repo.statement() if single else self.repo.transaction()
+        if tx is None and single:
+            return self.repo.statement()
+        return within(self.repo, tx)
 
     async def _transition(
         self,
@@ -387,16 +387,3 @@ class LeaseQueue:
         if target is not None and not q.lifecycle.allows(state.status, target):
             raise InvalidTransition(q.lifecycle.name, state.status, target, fence.item_id)
         raise StaleClaim(q.name, fence.item_id, f"lease no longer live (status {state.status})")
-
-
-class _Joined(AbstractAsyncContextManager[Transaction]):
-    """Use a caller's transaction as if we had opened it (no commit here)."""
-
-    def __init__(self, tx: Transaction) -> None:
-        self._tx = tx
-
-    async def __aenter__(self) -> Transaction:
-        return self._tx
-
-    async def __aexit__(self, *exc: object) -> None:
-        return None

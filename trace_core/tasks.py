@@ -25,6 +25,7 @@ from trace_core.storage.protocol import (
     Repository,
     TaskCreated,
     Transaction,
+    within,
 )
 
 __all__ = ["ENQUEUE_TASK", "TASKS_CHANNEL", "TaskQueue"]
@@ -69,9 +70,7 @@ class TaskQueue:
                 raise ConfigurationError(f"tasks[{i}].max_attempts must be >= 1")
             if task.dedupe_key is not None and not task.dedupe_key.strip():
                 raise ConfigurationError(f"tasks[{i}].dedupe_key must not be blank")
-        if tx is not None:
-            return await self._create(tx, tasks)
-        async with self.repo.transaction() as t:
+        async with within(self.repo, tx) as t:
             return await self._create(t, tasks)
 
     async def _create(self, tx: Transaction, tasks: Sequence[NewTask]) -> list[TaskCreated]:

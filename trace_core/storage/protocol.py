@@ -22,11 +22,13 @@ from trace_core.wakeup import Subscription
 
 __all__ = [
     "IdempotencyRecord",
+    "JoinedTransaction",
     "NewOutboxRow",
     "NewTask",
     "Repository",
     "TaskCreated",
     "Transaction",
+    "within",
 ]
 
 ItemId = uuid.UUID | int
@@ -247,10 +249,25 @@ class Repository(Protocol):
         while the consumer is busy; includes other processes where possible."""
         ...
 
-    async def wait_for_wakeup(self, channel: str, max_wait: float) -> bool:
-        """Wait until ``channel`` is notified (True) or ``max_wait`` seconds pass (False)."""
-        ...
-
     async def close(self) -> None:
         """Release connections and listeners."""
         ...
+
+
+class JoinedTransaction(AbstractAsyncContextManager[Transaction]):
+    """A caller's open transaction used as if opened here: nothing is
+    committed or rolled back on exit (the caller owns it)."""
+
+    def __init__(self, tx: Transaction) -> None:
+        self._tx = tx
+
+    async def __aenter__(self) -> Transaction:
+        return self._tx
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
+
+
+def within(repo: Repository, tx: Transaction | None) -> AbstractAsyncContextManager[Transaction]:
+    """Join ``tx`` when given, else open a new write transaction on ``repo``."""
+    return JoinedTransaction(tx) if tx is not None else repo.transaction()

@@ -46,9 +46,6 @@ class SqlTransaction:
 
     def insert(self, table: sa.Table) -> Any:
         """A dialect INSERT (with ``on_conflict_do_nothing``) for ``table``."""
-        return self._insert(table)
-
-    def _insert(self, table: sa.Table) -> Any:
         dialect = postgresql if self.engine_name == "postgres" else sqlite
         return dialect.insert(table)
 
@@ -289,7 +286,7 @@ class SqlTransaction:
                 # executemany with RETURNING: SQLAlchemy batches it into
                 # multi-row INSERTs ("insertmanyvalues") from one cached
                 # statement, several times faster than compiling a VALUES list.
-                stmt = self._insert(t).on_conflict_do_nothing().returning(t.c.id)
+                stmt = self.insert(t).on_conflict_do_nothing().returning(t.c.id)
                 created.update((await self.connection.execute(stmt, rows)).scalars().all())
             # A row that was not inserted lost a dedupe race (or repeats a key):
             # answer with the id of the task that holds the key.
@@ -367,7 +364,7 @@ class SqlTransaction:
         # One atomic statement: insert, or take over a key that has expired.
         # The conflict branch's WHERE makes a live key a no-op (no row back).
         stmt = (
-            self._insert(t)
+            self.insert(t)
             .values(scope=scope, key=key, **fresh)
             .on_conflict_do_update(
                 index_elements=[t.c.scope, t.c.key],
@@ -529,14 +526,6 @@ class SqlRepository:
         is in effect, commits in other processes wake it too."""
         await self.listen(channel)
         return self.hub.subscribe(channel)
-
-    async def wait_for_wakeup(self, channel: str, max_wait: float) -> bool:
-        """Wait for a commit on ``channel`` here or (Postgres) in another process."""
-        if self._listener is not None:
-            self._listener.listen(channel)
-        elif self.engine_name == "postgres":
-            await self.listen(channel)
-        return await self.hub.wait(channel, max_wait)
 
     async def close(self) -> None:
         """Dispose of the pool and stop the listener."""
