@@ -42,7 +42,7 @@ _FIXTURE_EPOCH = datetime(2020, 1, 1, tzinfo=UTC)
 def fill_queued(url: str, job_id: uuid.UUID, count: int, status: str = "Queued") -> float:
     """Insert ``count`` tasks in ``status`` with one statement; the seconds it took.
 
-    Their ``created_at`` lies in 2020, before any task the benchmark creates.
+    Their ``created_at`` and ``queued_at`` lie in 2020, before any task the benchmark creates.
     On Postgres the table is then ``VACUUM ANALYZE``d, the state autovacuum
     reaches shortly after a bulk insert.
     """
@@ -55,9 +55,10 @@ def fill_queued(url: str, job_id: uuid.UUID, count: int, status: str = "Queued")
                 conn.execute(
                     sa.text(
                         "INSERT INTO tasks (id, job_id, status, attempt, claim_version,"
-                        " max_attempts, created_at, completed_at)"
+                        " max_attempts, created_at, queued_at, completed_at)"
                         " SELECT gen_random_uuid(), :job, :status, 1, 0, 3,"
-                        "  :t0 + g * interval '1 microsecond', CAST(:done_at AS timestamptz)"
+                        "  :t0 + g * interval '1 microsecond', :t0 + g * interval '1 microsecond',"
+                        "  CAST(:done_at AS timestamptz)"
                         " FROM generate_series(1, :n) AS g"
                     ),
                     {
@@ -77,12 +78,11 @@ def fill_queued(url: str, job_id: uuid.UUID, count: int, status: str = "Queued")
                     sa.text(
                         "WITH RECURSIVE s(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM s LIMIT :n)"
                         " INSERT INTO tasks (id, job_id, status, attempt, claim_version,"
-                        "  max_attempts, created_at, completed_at)"
-                        " SELECT lower(hex(randomblob(16))), :job, :status, 1, 0, 3,"
-                        "  strftime('%Y-%m-%d %H:%M:%S', :epoch + x / 1000000, 'unixepoch')"
-                        "  || printf('.%06d', x % 1000000),"
+                        "  max_attempts, created_at, queued_at, completed_at)"
+                        " SELECT lower(hex(randomblob(16))), :job, :status, 1, 0, 3, t, t,"
                         "  CASE WHEN :status = 'Completed' THEN '2020-01-01 00:00:00.000000' END"
-                        " FROM s"
+                        " FROM (SELECT strftime('%Y-%m-%d %H:%M:%S', :epoch + x / 1000000,"
+                        "  'unixepoch') || printf('.%06d', x % 1000000) AS t FROM s)"
                     ),
                     {"job": job_id.hex, "status": status, "epoch": epoch, "n": count},
                 )

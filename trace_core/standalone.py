@@ -63,6 +63,8 @@ async def ensure_standalone_job(
                 org_id=org_id,
                 dag_name=STANDALONE_DAG,
                 yaml_hash="standalone",
+                status="current",
+                activated_at=now,
                 created_at=now,
             )
             .on_conflict_do_nothing()

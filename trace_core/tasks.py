@@ -70,6 +70,8 @@ class TaskQueue:
                 raise ConfigurationError(f"tasks[{i}].max_attempts must be >= 1")
             if task.dedupe_key is not None and not task.dedupe_key.strip():
                 raise ConfigurationError(f"tasks[{i}].dedupe_key must not be blank")
+            if task.handicap_seconds < 0:
+                raise ConfigurationError(f"tasks[{i}].handicap_seconds must be >= 0")
         async with within(self.repo, tx) as t:
             return await self._create(t, tasks)
 

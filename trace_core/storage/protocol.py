@@ -43,6 +43,9 @@ class NewTask:
     partitions: Sequence[str] | None = None
     input_versions: Mapping[str, Any] | None = None
     max_attempts: int = 3
+    handicap_seconds: float = 0.0
+    """Added to the creation time for the claim order: bulk-tier work yields to
+    normal work created up to this much later, and ages in after it."""
 
 
 @dataclass(frozen=True)

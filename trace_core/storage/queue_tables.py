@@ -84,7 +84,7 @@ QUEUE_TABLES: Mapping[str, QueueTable] = {
         error="error_message",
         finished_at="completed_at",
         started_at="started_at",
-        order_by=("created_at",),
+        order_by=("queued_at",),
         data=("job_id", "dedupe_key", "partitions", "input_versions"),
     ),
     "outbox": _q(

@@ -118,7 +118,15 @@ dag_versions = sa.Table(
     sa.Column("dag_name", sa.Text(), nullable=False),
     sa.Column("yaml_hash", sa.Text(), nullable=False),
     _created(),
+    # dispatcher: building (new dataset versions catching up) -> current ->
+    # superseded; or abandoned by a rollback. The YAML is kept for explain/audit.
+    sa.Column("status", sa.Text(), nullable=False, server_default="building"),
+    sa.Column("yaml_text", sa.Text()),
+    sa.Column("activated_at", UTCDateTime()),
     sa.UniqueConstraint("org_id", "dag_name", "yaml_hash"),
+    sa.CheckConstraint(
+        "status IN ('building', 'current', 'superseded', 'abandoned')", name="status"
+    ),
 )
 
 dag_current_versions = sa.Table(
@@ -157,7 +165,11 @@ jobs = sa.Table(
     sa.Column("max_attempts", sa.Integer(), server_default="3"),
     _created(),
     _updated(),
+    # dispatcher: {"max_queue_depth": int, "max_queue_age_seconds": float}
+    _json("backpressure", nullable=True),
+    sa.Column("priority_tier", sa.Text(), nullable=False, server_default="normal"),
     sa.UniqueConstraint("dag_version_id", "name"),
+    sa.CheckConstraint("priority_tier IN ('normal', 'bulk')", name="priority_tier"),
     sa.CheckConstraint("activation IN ('source', 'reactive')", name="activation"),
     sa.CheckConstraint(
         "execution_strategy IS NULL OR execution_strategy IN ('PerUpdate', 'PerPartition')",
@@ -231,6 +243,9 @@ tasks = sa.Table(
     sa.Column("error_message", sa.Text()),
     _json("outputs", nullable=True),
     _created(),
+    # protocol: the claim order. created_at plus the job tier's handicap, so
+    # bulk work yields to normal work yet ages in and is never starved.
+    sa.Column("queued_at", UTCDateTime(), nullable=False),
     sa.CheckConstraint(f"status IN ({_TASK_STATUSES})", name="status"),
     sa.CheckConstraint("attempt >= 1", name="attempt"),
     sa.Index(
@@ -263,7 +278,7 @@ tasks = sa.Table(
     # index range scan however many finished rows the table holds.
     sa.Index(
         "idx_tasks_claim",
-        "created_at",
+        "queued_at",
         postgresql_where=sa.text("status = 'Queued'"),
         sqlite_where=sa.text("status = 'Queued'"),
     ),
@@ -331,6 +346,8 @@ operator_state = sa.Table(
     sa.Column("state_key", sa.Text(), primary_key=True, server_default="default"),
     _json("state"),
     _updated(),
+    # dispatcher: optimistic concurrency; a put names the version it read.
+    sa.Column("version", sa.BigInteger(), nullable=False, server_default="0"),
 )
 
 _INBOX_STATUSES = (
@@ -431,4 +448,99 @@ idempotency_keys = sa.Table(
     sa.Column("expires_at", UTCDateTime(), nullable=False),
     sa.CheckConstraint("status IN ('in_flight', 'completed')", name="status"),
     sa.Index("idx_idempotency_keys_expiry", "expires_at"),
+)
+
+# --- Dispatcher (dispatcher.md): events, coverage, runtime job state, journal ---
+
+_ROUTE_STATUSES = "'pending', 'routed', 'not_current'"
+
+# Every accepted upstream event, once per (dataset_version, unit of work):
+# redeliveries only bump ``deliveries``. Kept for audit and explain whether or
+# not it was routed (events of non-live dataset versions are stored, not routed).
+events = sa.Table(
+    "events",
+    metadata,
+    _id(),
+    sa.Column("dataset_uuid", Uuid(), sa.ForeignKey("datasets.id"), nullable=False),
+    sa.Column("dataset_version", Uuid(), sa.ForeignKey("dataset_versions.id"), nullable=False),
+    sa.Column("unit_key", sa.Text(), nullable=False),  # "cursor:{c}" | "partition:{key}"
+    sa.Column("cursor", sa.Text()),
+    sa.Column("partition_key", sa.Text()),
+    sa.Column("range_start", sa.BigInteger()),
+    sa.Column("range_end", sa.BigInteger()),
+    sa.Column("origin", sa.Text(), nullable=False),  # 'task' | 'manual'
+    sa.Column("producer_task_id", Uuid()),
+    sa.Column("producer_attempt", sa.Integer()),
+    sa.Column("received_at", UTCDateTime(), nullable=False),
+    sa.Column("last_received_at", UTCDateTime(), nullable=False),
+    sa.Column("deliveries", sa.Integer(), nullable=False, server_default="1"),
+    sa.Column("route_status", sa.Text(), nullable=False, server_default="pending"),
+    sa.Column("routed_at", UTCDateTime()),
+    sa.Column("tasks_created", sa.Integer(), nullable=False, server_default="0"),
+    sa.Column("tasks_existing", sa.Integer(), nullable=False, server_default="0"),
+    _json("route_detail", nullable=True),  # {job_name: "created" | "existing" | ...}
+    sa.UniqueConstraint("dataset_version", "unit_key"),
+    sa.CheckConstraint(f"route_status IN ({_ROUTE_STATUSES})", name="route_status"),
+    sa.CheckConstraint("origin IN ('task', 'manual')", name="origin"),
+    sa.Index("idx_events_dataset_received", "dataset_uuid", "received_at"),
+)
+
+# What a dataset version has materialized so far: merged block ranges and the
+# highest cursor. A building version has caught up when it covers the current one.
+dataset_version_progress = sa.Table(
+    "dataset_version_progress",
+    metadata,
+    sa.Column("dataset_version", Uuid(), sa.ForeignKey("dataset_versions.id"), primary_key=True),
+    sa.Column("dataset_uuid", Uuid(), sa.ForeignKey("datasets.id"), nullable=False),
+    _json("ranges", empty="[]"),  # [[start, end], ...] merged, inclusive
+    sa.Column("max_cursor", sa.BigInteger()),
+    sa.Column("events", sa.BigInteger(), nullable=False, server_default="0"),
+    _updated(),
+)
+
+_SOURCE_STATUSES = "'Pending', 'Running', 'Dead', 'Draining', 'Stopped'"
+
+# Runtime state of a deployed job, owned by the Dispatcher's services.
+job_states = sa.Table(
+    "job_states",
+    metadata,
+    sa.Column("job_id", Uuid(), sa.ForeignKey("jobs.id"), primary_key=True),
+    # backpressure: paused producers get no new tasks and their sources stop
+    sa.Column("paused", sa.Boolean(), nullable=False, server_default=sa.false()),
+    sa.Column("pause_reason", sa.Text()),
+    sa.Column("paused_at", UTCDateTime()),
+    # sources: the producer run is one task kept across restarts (a restart is
+    # a new attempt of the same run, so its events stay idempotent)
+    sa.Column("source_status", sa.Text()),
+    sa.Column("source_task_id", Uuid(), sa.ForeignKey("tasks.id")),
+    sa.Column("source_restarts", sa.Integer(), nullable=False, server_default="0"),
+    sa.Column("next_fire_at", UTCDateTime()),  # cron
+    sa.Column("last_fired_at", UTCDateTime()),
+    # reactive scale-to-zero
+    sa.Column("scale_state", sa.Text(), nullable=False, server_default="Idle"),
+    sa.Column("last_activity_at", UTCDateTime()),
+    _updated(),
+    sa.CheckConstraint(
+        f"source_status IS NULL OR source_status IN ({_SOURCE_STATUSES})", name="source_status"
+    ),
+    sa.CheckConstraint("scale_state IN ('Idle', 'Running')", name="scale_state"),
+)
+
+# Why a job did or did not run: low-volume decisions (pauses, resumes,
+# concurrency waits, source restarts, cron fires, deploy swaps) for explain.
+job_journal = sa.Table(
+    "job_journal",
+    metadata,
+    sa.Column(
+        "id",
+        sa.BigInteger().with_variant(sa.Integer(), "sqlite"),
+        primary_key=True,
+        autoincrement=True,
+    ),
+    sa.Column("job_id", Uuid(), sa.ForeignKey("jobs.id"), nullable=False),
+    sa.Column("at", UTCDateTime(), nullable=False),
+    sa.Column("kind", sa.Text(), nullable=False),
+    sa.Column("message", sa.Text(), nullable=False),
+    _json("detail", nullable=True),
+    sa.Index("idx_job_journal_job_at", "job_id", "at"),
 )

@@ -277,6 +277,7 @@ class SqlTransaction:
                 ),
                 "max_attempts": task.max_attempts,
                 "created_at": now,
+                "queued_at": now + timedelta(seconds=task.handicap_seconds),
             }
             for task_id, task in zip(ids, tasks, strict=True)
         ]
