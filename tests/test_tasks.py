@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import anyio
 import pytest
 import sqlalchemy as sa
@@ -19,7 +21,7 @@ from trace_core.tasks import ENQUEUE_TASK, TaskQueue
 pytestmark = pytest.mark.anyio
 
 
-async def outbox_payloads(repo: SqlRepository) -> list[dict[str, str]]:
+async def outbox_payloads(repo: SqlRepository) -> list[dict[str, Any]]:
     async with repo.read() as tx:
         rows = await tx.connection.execute(
             sa.select(schema.outbox.c.kind, schema.outbox.c.payload).order_by(schema.outbox.c.id)
@@ -47,7 +49,7 @@ async def test_one_task_per_dedupe_key(repo: SqlRepository, clock: ManualClock) 
     assert [c.created for c in again] == [False, False]
     assert {c.task_id for c in again} == {first[0].task_id}
     assert await task_count(repo) == 1
-    assert await outbox_payloads(repo) == [{"task_id": str(first[0].task_id)}]
+    assert await outbox_payloads(repo) == [{"task_ids": [str(first[0].task_id)]}]
 
 
 async def test_same_key_in_another_job_is_another_task(
@@ -83,7 +85,9 @@ async def test_concurrent_creators_race_safely(
             await r.close()
     assert all(ids == results[0] for ids in results)
     assert await task_count(repo) == 25
-    assert len(await outbox_payloads(repo)) == 25
+    # exactly one wake-up per task, written by whichever creator inserted it
+    woken = [t for p in await outbox_payloads(repo) for t in p["task_ids"]]
+    assert sorted(woken) == sorted(str(t) for t in results[0])
 
 
 async def test_task_and_wakeup_roll_back_together(repo: SqlRepository, clock: ManualClock) -> None:
@@ -111,7 +115,7 @@ async def test_retry_requeue_writes_a_wakeup(repo: SqlRepository, clock: ManualC
     assert await tq.requeue_due() == []
     clock.advance(5)
     assert await tq.requeue_due() == [created.task_id]
-    assert await outbox_payloads(repo) == [{"task_id": str(created.task_id)}] * 2
+    assert await outbox_payloads(repo) == [{"task_ids": [str(created.task_id)]}] * 2
 
 
 async def test_completion_stores_outputs(repo: SqlRepository, clock: ManualClock) -> None:

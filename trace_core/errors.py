@@ -12,6 +12,7 @@ __all__ = [
     "DuplicateItem",
     "IdempotencyConflict",
     "IdempotencyInFlight",
+    "InvalidInput",
     "InvalidTransition",
     "NotFound",
     "StaleClaim",
@@ -26,6 +27,15 @@ class TraceError(Exception):
 
 class ConfigurationError(TraceError, ValueError):
     """A setting or argument is invalid; the message names it and the rule."""
+
+
+class InvalidInput(ConfigurationError):
+    """A request field is malformed; ``field`` names it (``events[2].cursor``)."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(f"{field}: {reason}")
+        self.field = field
+        self.reason = reason
 
 
 class NotFound(TraceError, LookupError):

@@ -86,9 +86,17 @@ class LeaseQueue:
     # --- claims -------------------------------------------------------------
 
     async def claim_batch(
-        self, worker_id: str, limit: int, *, tx: Transaction | None = None
+        self,
+        worker_id: str,
+        limit: int,
+        *,
+        tx: Transaction | None = None,
+        lease_seconds: float | None = None,
     ) -> list[Lease]:
-        """Lease up to ``limit`` ready items in one round trip (poll driven)."""
+        """Lease up to ``limit`` ready items in one round trip (poll driven).
+
+        ``lease_seconds`` overrides the configured lease (a job's heartbeat timeout).
+        """
         if not 1 <= limit <= self.config.max_batch:
             raise ConfigurationError(
                 f"claim limit must be within 1..{self.config.max_batch}, got {limit}"
@@ -97,20 +105,28 @@ class LeaseQueue:
             return await t.claim(
                 self.queue,
                 worker_id=worker_id,
-                lease_seconds=self.config.lease_seconds,
+                lease_seconds=lease_seconds or self.config.lease_seconds,
                 now=self.clock.now(),
                 limit=limit,
             )
 
     async def claim(
-        self, item_id: ItemId, worker_id: str, *, tx: Transaction | None = None
+        self,
+        item_id: ItemId,
+        worker_id: str,
+        *,
+        tx: Transaction | None = None,
+        lease_seconds: float | None = None,
     ) -> ClaimOutcome:
-        """Lease one item by id (wake-up driven), or say why not."""
+        """Lease one item by id (wake-up driven), or say why not.
+
+        ``lease_seconds`` overrides the configured lease (a job's heartbeat timeout).
+        """
         async with self._tx(tx) as t:
             leases = await t.claim(
                 self.queue,
                 worker_id=worker_id,
-                lease_seconds=self.config.lease_seconds,
+                lease_seconds=lease_seconds or self.config.lease_seconds,
                 now=self.clock.now(),
                 item_id=item_id,
             )
@@ -135,7 +151,13 @@ class LeaseQueue:
 
     # --- fenced writes ------------------------------------------------------
 
-    async def heartbeat(self, fence: Fence, *, tx: Transaction | None = None) -> datetime:
+    async def heartbeat(
+        self,
+        fence: Fence,
+        *,
+        tx: Transaction | None = None,
+        lease_seconds: float | None = None,
+    ) -> datetime:
         """Extend the lease; raises :class:`StaleClaim` if it is not current."""
         now = self.clock.now()
         async with self._tx(tx, single=True) as t:
@@ -143,7 +165,7 @@ class LeaseQueue:
                 self.queue,
                 fence,
                 now=now,
-                expires_at=now + timedelta(seconds=self.config.lease_seconds),
+                expires_at=now + timedelta(seconds=lease_seconds or self.config.lease_seconds),
             )
             if expires is None:
                 await self._explain(t, fence, None)
@@ -193,13 +215,28 @@ class LeaseQueue:
                 q, fences, sources=q.lifecycle.sources_of(q.done), now=self.clock.now()
             )
 
-    async def requeue(self, fence: Fence, *, reason: str, tx: Transaction | None = None) -> None:
-        """Fenced hand-back of a leased item to ready (graceful release)."""
+    async def requeue(
+        self,
+        fence: Fence,
+        *,
+        reason: str,
+        tx: Transaction | None = None,
+        available_at: datetime | None = None,
+    ) -> None:
+        """Fenced hand-back of a leased item to ready (graceful release).
+
+        ``available_at`` postpones the next claim, on queues with an
+        availability gate (the outboxes, the inbox); it spends no attempt.
+        """
         q = self.queue
         sources = q.lifecycle.sources_of(q.ready) & q.leased
         if not sources:
             raise InvalidTransition(q.lifecycle.name, q.claimed, q.ready, fence.item_id)
-        await self._transition(fence, sources, q.ready, {"error": reason}, tx)
+        values: dict[str, Any] = {"error": reason}
+        if available_at is not None:
+            values["ready_at"] = available_at
+            values["refund_attempt"] = True
+        await self._transition(fence, sources, q.ready, values, tx)
 
     async def fail(
         self,

@@ -199,6 +199,8 @@ class NotClaimedReason(StrEnum):
 
     ``NotReady`` is ours: the item exists but is neither leased nor finished
     (a failure waiting for its retry time, or a row not yet available).
+    ``ConcurrencyLimit`` is the Dispatcher's: the job already runs
+    ``scaling.max_concurrency`` tasks; the wake-up should be retried later.
     """
 
     ALREADY_RUNNING = "AlreadyRunning"
@@ -207,6 +209,7 @@ class NotClaimedReason(StrEnum):
     NOT_FOUND = "NotFound"
     DEAD_LETTERED = "DeadLettered"
     NOT_READY = "NotReady"
+    CONCURRENCY_LIMIT = "ConcurrencyLimit"
 
 
 @dataclass(frozen=True)

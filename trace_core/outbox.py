@@ -14,10 +14,12 @@ after the side effect and before marking the row done repeats it).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import anyio
@@ -32,6 +34,7 @@ from trace_core.storage.protocol import NewOutboxRow, Repository, Transaction
 
 __all__ = [
     "OUTBOX_CHANNEL",
+    "Deferred",
     "OutboxHandler",
     "OutboxRelay",
     "PermanentFailure",
@@ -49,6 +52,16 @@ OutboxHandler = Callable[[Mapping[str, Any]], Awaitable[None]]
 
 class PermanentFailure(Exception):
     """Raised by a handler for an error no retry can fix: dead-letter at once."""
+
+
+class Deferred(Exception):
+    """Raised by a handler that cannot act yet (e.g. its target is paused):
+    the row goes back to ``Pending`` for ``delay_seconds`` without counting
+    as a failure."""
+
+    def __init__(self, delay_seconds: float, reason: str) -> None:
+        super().__init__(reason)
+        self.delay_seconds = delay_seconds
 
 
 @dataclass(frozen=True)
@@ -142,6 +155,11 @@ class OutboxRelay:
                 raise PermanentFailure(f"no handler registered for outbox kind {kind!r}")
             await handler(lease.data["payload"])
             return True
+        except Deferred as deferral:
+            later = self.leases.clock.now() + timedelta(seconds=deferral.delay_seconds)
+            with contextlib.suppress(StaleClaim):  # reclaimed meanwhile: not ours to requeue
+                await self.leases.requeue(lease.fence, reason=str(deferral), available_at=later)
+            return False
         except Exception as exc:
             retry_class = (
                 RetryClass.FATAL if isinstance(exc, PermanentFailure) else RetryClass.RETRYABLE

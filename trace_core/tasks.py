@@ -28,10 +28,16 @@ from trace_core.storage.protocol import (
     within,
 )
 
-__all__ = ["ENQUEUE_TASK", "TASKS_CHANNEL", "TaskQueue"]
+__all__ = ["ENQUEUE_TASK", "TASKS_CHANNEL", "WAKEUP_CHUNK", "TaskQueue"]
 
 ENQUEUE_TASK = "enqueue_task"
-"""Outbox kind: deliver a ``{"task_id": ...}`` wake-up."""
+"""Outbox kind: start the tasks in ``{"task_ids": [...]}`` (one wake-up each).
+
+One row carries the tasks created by one transaction (up to
+:data:`WAKEUP_CHUNK`), so routing an event to many jobs writes one row, not
+one per task; SQS takes them ten per ``SendMessageBatch`` anyway."""
+
+WAKEUP_CHUNK = 500
 
 TASKS_CHANNEL = "trace_tasks"
 """Wake-up channel notified when tasks become claimable."""
@@ -85,8 +91,14 @@ class TaskQueue:
         if not task_ids:
             return
         if self.wakeup_outbox:
+            ids = [str(t) for t in task_ids]
             await write_outbox(
-                tx, [NewOutboxRow(ENQUEUE_TASK, {"task_id": str(t)}) for t in task_ids], now
+                tx,
+                [
+                    NewOutboxRow(ENQUEUE_TASK, {"task_ids": ids[k : k + WAKEUP_CHUNK]})
+                    for k in range(0, len(ids), WAKEUP_CHUNK)
+                ],
+                now,
             )
         tx.notify(TASKS_CHANNEL)
 

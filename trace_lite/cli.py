@@ -15,9 +15,20 @@ from pathlib import Path
 
 import anyio
 
+from trace_core.clock import SystemClock
+from trace_core.dag import DagDocument, DagValidationError, deploy, load_dag, rollback
+from trace_core.dag.registry import (
+    all_dataset_names,
+    find_org,
+    registered_datasets,
+    registry_problems,
+)
+from trace_core.dag.version_rows import dag_dataset_names
 from trace_core.errors import ConfigurationError, TraceError
 from trace_core.storage.migrate import current_revision, head_revision, schema_diff, upgrade
+from trace_core.storage.sql import SqlRepository
 from trace_core.storage.url import parse_database_url
+from trace_core.tasks import TaskQueue
 from trace_lite.demo import DemoConfig, run_demo
 
 __all__ = ["main"]
@@ -64,14 +75,129 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--tasks", type=_positive("--tasks"), default=1000)
     demo.add_argument("--workers", type=_positive("--workers"), default=4)
     demo.add_argument("--batch", type=_positive("--batch"), default=25)
+
+    dag = sub.add_parser("dag", help="validate, deploy and roll back DAG files")
+    dag_sub = dag.add_subparsers(dest="dag_command", required=True)
+    org_help = "org slug (default: the file's org:, else 'default')"
+    validate = dag_sub.add_parser(
+        "validate", help="check a DAG file; with --db, also against the dataset registry"
+    )
+    validate.add_argument("file")
+    validate.add_argument("--db", help="check input datasets against this database's registry")
+    validate.add_argument("--org", help=org_help)
+    dep = dag_sub.add_parser("deploy", help="deploy a DAG file (a new version if it changed)")
+    dep.add_argument("file")
+    dep.add_argument("--db", help=db_help)
+    dep.add_argument("--org", help=org_help)
+    dep.add_argument(
+        "--storage-root", default="s3://trace-lite/", help="prefix of Parquet dataset versions"
+    )
+    back = dag_sub.add_parser("rollback", help="undo the last deploy of a DAG")
+    back.add_argument("dag_name")
+    back.add_argument("--db", help=db_help)
+    back.add_argument("--org", default="default", help="org slug (default 'default')")
     return parser
+
+
+def _print_problems(exc: DagValidationError) -> int:
+    for problem in exc.problems:
+        print(problem)
+    errors = len(exc.errors)
+    print(f"{errors} error{'s' if errors != 1 else ''}")
+    return 1
+
+
+async def _validate_against_db(document: DagDocument, url: str, org: str | None) -> None:
+    """Re-check inputs by dataset name and single producers against the registry."""
+    spec = document.spec
+    wanted = dag_dataset_names(spec)
+    repo = SqlRepository(url)
+    try:
+        async with repo.read() as tx:
+            org_id = await find_org(tx.connection, org or spec.org or "default")
+            names: set[str] = set()
+            registered = []
+            if org_id is not None:
+                names = await all_dataset_names(tx.connection, org_id)
+                registered = await registered_datasets(
+                    tx.connection, org_id, names=wanted, producer_dag=spec.dag
+                )
+    finally:
+        await repo.close()
+    problems = document.recheck(known_datasets=names) + registry_problems(document, registered)
+    if any(p.severity == "error" for p in problems):
+        raise DagValidationError(problems)
+
+
+def _dag_validate(args: argparse.Namespace) -> int:
+    document = load_dag(args.file)
+    if args.db:
+        parse_database_url(args.db)
+        anyio.run(_validate_against_db, document, args.db, args.org)
+    else:
+        for warning in document.warnings:
+            print(warning)
+    spec = document.spec
+    print(f"{args.file}: ok ({len(spec.jobs)} jobs, {len(spec.produced())} datasets)")
+    return 0
+
+
+async def _dag_deploy(args: argparse.Namespace, url: str) -> int:
+    document = load_dag(args.file)
+    repo = SqlRepository(url)
+    try:
+        result = await deploy(
+            repo,
+            document,
+            clock=SystemClock(),
+            org_slug=args.org,
+            storage_root=args.storage_root,
+        )
+    finally:
+        await repo.close()
+    if not result.changed:
+        print(f"{result.dag_name}: unchanged (version {result.dag_version_id} {result.status})")
+        return 0
+    print(f"{result.dag_name}: deployed version {result.dag_version_id} ({result.status})")
+    for name, pointer in sorted(result.datasets.items()):
+        mark = "new version" if pointer.new_version else "kept"
+        print(f"  dataset {name}: {pointer.dataset_version} ({mark})")
+    for version in result.abandoned_version_ids:
+        print(f"  abandoned building version {version}")
+    return 0
+
+
+async def _dag_rollback(args: argparse.Namespace, url: str) -> int:
+    clock = SystemClock()
+    repo = SqlRepository(url)
+    try:
+        result = await rollback(
+            repo,
+            args.dag_name,
+            org_slug=args.org,
+            clock=clock,
+            cancel=TaskQueue(repo, clock=clock).cancel,
+        )
+    finally:
+        await repo.close()
+    print(f"{result.dag_name}: version {result.current_version_id} is current")
+    for version in result.abandoned_version_ids:
+        print(f"  abandoned version {version}")
+    print(f"  canceled {len(result.canceled_task_ids)} unfinished task(s)")
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the process exit code."""
     args = _parser().parse_args(argv)
     try:
+        if args.command == "dag" and args.dag_command == "validate":
+            return _dag_validate(args)
         url = _database_url(args.db)
+        if args.command == "dag" and args.dag_command == "deploy":
+            return anyio.run(_dag_deploy, args, url)
+        if args.command == "dag" and args.dag_command == "rollback":
+            return anyio.run(_dag_rollback, args, url)
         if args.command == "db" and args.db_command == "upgrade":
             print(f"upgraded to {upgrade(url)} (head {head_revision()})")
         elif args.command == "db" and args.db_command == "check":
@@ -84,6 +210,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             config = DemoConfig(url, tasks=args.tasks, workers=args.workers, batch=args.batch)
             anyio.run(run_demo, config, sys.stdout)
         return 0
+    except DagValidationError as exc:
+        return _print_problems(exc)
     except ConfigurationError as exc:
         print(f"trace-lite: error: {exc}", file=sys.stderr)
         return 2

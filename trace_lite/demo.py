@@ -84,7 +84,7 @@ async def run_demo(config: DemoConfig, out: TextIO) -> dict[str, Any]:
 
         async def count_wakeup(payload: Mapping[str, Any]) -> None:
             nonlocal wakeups
-            wakeups += 1
+            wakeups += len(payload["task_ids"])
 
         relay = OutboxRelay(repo, {"enqueue_task": count_wakeup}, clock=clock)
         crashed = await _crash_one_worker(tq, say)

@@ -127,7 +127,13 @@ class Transaction(Protocol):
         now: datetime,
         values: Mapping[str, Any] | None = None,
     ) -> bool:
-        """Fenced move from one of ``sources`` to ``target``; False if nothing matched."""
+        """Fenced move from one of ``sources`` to ``target``; False if nothing matched.
+
+        ``values`` names columns to set, or the roles ``error`` (the queue's
+        error column), ``ready_at`` (its availability gate, ignored where there
+        is none) and ``refund_attempt`` (True: the claim being undone spends no
+        attempt).
+        """
         ...
 
     async def complete_many(

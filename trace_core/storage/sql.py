@@ -14,6 +14,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from trace_core.errors import ConfigurationError
 from trace_core.model import Fence, ItemState, Lease, QueueSpec
 from trace_core.storage import schema
 from trace_core.storage.engine import SQLITE_BEGIN, EngineSettings, create_engine
@@ -22,15 +23,24 @@ from trace_core.storage.protocol import (
     NewOutboxRow,
     NewTask,
     TaskCreated,
+    Transaction,
 )
 from trace_core.storage.sql_errors import translate_errors
 from trace_core.storage.sql_leasing import LeaseStatements, status_in
 from trace_core.storage.url import DatabaseURL, parse_database_url
 from trace_core.wakeup import Subscription, WakeupHub
 
-__all__ = ["SqlRepository", "SqlTransaction"]
+__all__ = ["SqlRepository", "SqlTransaction", "as_sql"]
 
 ItemId = uuid.UUID | int
+
+
+def as_sql(tx: Transaction) -> SqlTransaction:
+    """``tx`` as the SQL transaction it is, for services that read and write
+    their own tables (the Dispatcher's) inside a protocol transaction."""
+    if not isinstance(tx, SqlTransaction):
+        raise ConfigurationError(f"a SQL transaction is required here, got {type(tx).__name__}")
+    return tx
 
 
 class SqlTransaction:
@@ -136,8 +146,16 @@ class SqlTransaction:
                 new[qt.retry_at] = None  # a late reply supersedes a scheduled retry
         elif target not in queue.leased:
             new[c.lease_expires_at] = None
+        roles = {"error": qt.error, "ready_at": qt.ready_at}
         for key, value in (values or {}).items():
-            new[qt.error if key == "error" else c[key]] = value
+            if key == "refund_attempt":
+                # only where claims count attempts from 0 (queues with a gate)
+                if value and qt.ready_at is not None:
+                    new[qt.attempt] = qt.attempt - 1
+                continue
+            column = roles[key] if key in roles else c[key]
+            if column is not None:  # ready_at of a queue without an availability gate
+                new[column] = value
         stmt = (
             sa.update(qt.table)
             .where(

@@ -1,0 +1,311 @@
+"""Event acceptance and routing, on both engines."""
+
+from __future__ import annotations
+
+import random
+import uuid
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from trace_core.clock import ManualClock
+from trace_core.dag import DeployResult, deploy, parse_dag
+from trace_core.dispatcher.events import DatasetEvent, EventGateway, Producer, parse_events
+from trace_core.dispatcher.routing import EventRouter
+from trace_core.errors import InvalidInput, StaleClaim
+from trace_core.model import Fence
+from trace_core.outbox import OutboxRelay
+from trace_core.storage import schema
+from trace_core.storage.protocol import NewTask
+from trace_core.storage.sql import SqlRepository
+from trace_core.tasks import TaskQueue
+
+pytestmark = pytest.mark.anyio
+
+DAG = """
+dag: routing
+jobs:
+  - name: follow
+    activation: source
+    runtime: dispatcher
+    operator: block_follower
+    source: { kind: always_on }
+    outputs:
+      - { dataset: blocks, kind: parquet }
+      - { dataset: txs, kind: parquet }
+    update_strategy: replace
+  - name: per_update
+    activation: reactive
+    runtime: ecs_platform
+    operator: range_aggregator
+    execution_strategy: PerUpdate
+    inputs: [ { from: { dataset: blocks }, where: "number > 10" } ]
+    outputs: [ { dataset: pu_out, kind: parquet } ]
+    update_strategy: replace
+  - name: join
+    activation: reactive
+    runtime: ecs_platform
+    operator: range_aggregator
+    execution_strategy: PerPartition
+    inputs:
+      - from: { job: follow, output_index: 0 }
+      - from: { job: follow, output_index: 1 }
+    outputs: [ { dataset: join_out, kind: parquet } ]
+    update_strategy: replace
+"""
+
+
+class World:
+    """A deployed DAG with a running source attempt that emits events."""
+
+    def __init__(self, repo: SqlRepository, clock: ManualClock, deployed: DeployResult) -> None:
+        self.repo = repo
+        self.clock = clock
+        self.deployed = deployed
+        self.tasks = TaskQueue(repo, clock=clock)
+        self.gateway = EventGateway(repo, clock=clock)
+        self.router = EventRouter(repo, clock=clock, tasks=self.tasks)
+        self.producer: Producer | None = None
+        self.fence: Fence | None = None
+
+    def pointer(self, dataset: str) -> tuple[uuid.UUID, uuid.UUID]:
+        p = self.deployed.datasets[dataset]
+        return p.dataset_uuid, p.dataset_version
+
+    def partition(self, dataset: str, start: int, end: int) -> DatasetEvent:
+        ds, version = self.pointer(dataset)
+        return DatasetEvent(ds, version, partition_key=f"{start}-{end}", start=start, end=end)
+
+    def cursor(self, dataset: str, cursor: int) -> DatasetEvent:
+        ds, version = self.pointer(dataset)
+        return DatasetEvent(ds, version, cursor=cursor)
+
+    async def start_source(self) -> None:
+        job = self.deployed.jobs["follow"]
+        (run,) = await self.tasks.create([NewTask(job, dedupe_key=f"source-run:{job}")])
+        outcome = await self.tasks.claim(run.task_id, "source-worker")
+        assert outcome.lease is not None
+        self.fence = Fence(run.task_id, outcome.lease.attempt, outcome.lease.lease_token, None)
+        self.producer = Producer(run.task_id, outcome.lease.attempt)
+
+    async def emit(self, events: list[DatasetEvent]) -> list[uuid.UUID]:
+        result = await self.gateway.accept(events, producer=self.producer)
+        return result.event_ids
+
+    async def route_all(self) -> int:
+        relay = OutboxRelay(self.repo, {"route_event": self.router.handle}, clock=self.clock)
+        relay.handlers["enqueue_task"] = _ignore
+        handled = 0
+        while n := await relay.run_once():
+            handled += n
+        return handled
+
+    async def tasks_of(self, job: str) -> list[Any]:
+        t = schema.tasks
+        async with self.repo.read() as tx:
+            rows = await tx.connection.execute(
+                sa.select(t.c.id, t.c.dedupe_key, t.c.partitions, t.c.input_versions)
+                .where(t.c.job_id == self.deployed.jobs[job])
+                .order_by(t.c.dedupe_key)
+            )
+            return list(rows)
+
+
+async def _ignore(payload: Any) -> None:
+    return None
+
+
+@pytest.fixture
+async def world(repo: SqlRepository, clock: ManualClock) -> World:
+    deployed = await deploy(repo, parse_dag(DAG, file="routing.yaml"), clock=clock)
+    w = World(repo, clock, deployed)
+    await w.start_source()
+    return w
+
+
+async def test_partition_events_create_one_task_per_unit(world: World) -> None:
+    ranges = [(s, s + 99) for s in range(0, 1000, 100)]
+    events = [world.partition("blocks", s, e) for s, e in ranges]
+    events += [world.partition("txs", s, e) for s, e in ranges]
+    duplicated = events + random.Random(7).sample(events, 6)
+    random.Random(3).shuffle(duplicated)
+    await world.emit(duplicated)
+    await world.route_all()
+
+    per_update = await world.tasks_of("per_update")
+    blocks, v = world.pointer("blocks")
+    assert [r.dedupe_key for r in per_update] == sorted(
+        f"partition:{blocks}:{v}:{s}-{e}" for s, e in ranges
+    )
+    # the where filter travels with the task's pinned inputs
+    inputs = per_update[0].input_versions["inputs"]
+    assert inputs[0]["where"] == "number > 10"
+    assert inputs[0]["dataset_version"] == str(v)
+
+    join = await world.tasks_of("join")
+    assert len(join) == len(ranges)  # one per partition, not one per input event
+    assert {r.dedupe_key for r in join} == {f"partition:{blocks}:{v}:{s}-{e}" for s, e in ranges}
+    assert all(len(r.partitions) == 1 for r in join)
+
+    # redelivering everything, in another order, creates nothing new
+    random.Random(11).shuffle(duplicated)
+    await world.emit(duplicated)
+    await world.route_all()
+    assert len(await world.tasks_of("per_update")) == len(ranges)
+    assert len(await world.tasks_of("join")) == len(ranges)
+
+
+async def test_join_waits_for_every_input(world: World) -> None:
+    await world.emit([world.partition("blocks", 0, 99)])
+    await world.route_all()
+    assert await world.tasks_of("join") == []  # txs 0-99 is not there yet
+    assert len(await world.tasks_of("per_update")) == 1
+    await world.emit([world.partition("txs", 0, 99)])
+    await world.route_all()
+    blocks, v = world.pointer("blocks")
+    # the last input to arrive creates the task, keyed by the first input
+    assert [r.dedupe_key for r in await world.tasks_of("join")] == [f"partition:{blocks}:{v}:0-99"]
+
+
+async def test_cursor_events_per_update(world: World) -> None:
+    await world.emit([world.cursor("blocks", c) for c in (5, 6, 5, 7)])
+    await world.route_all()
+    blocks, v = world.pointer("blocks")
+    keys = [r.dedupe_key for r in await world.tasks_of("per_update")]
+    assert keys == [f"cursor:{blocks}:{v}:{c}" for c in (5, 6, 7)]
+
+
+async def test_task_inputs_record_the_input_versions(world: World, repo: SqlRepository) -> None:
+    await world.emit([world.partition("blocks", 0, 9), world.partition("txs", 0, 9)])
+    await world.route_all()
+    ti = schema.task_inputs
+    async with repo.read() as tx:
+        rows = (
+            await tx.connection.execute(
+                sa.select(ti.c.task_id, ti.c.input_dataset_uuid, ti.c.input_partition_key)
+            )
+        ).all()
+    join = await world.tasks_of("join")
+    blocks, _ = world.pointer("blocks")
+    txs, _ = world.pointer("txs")
+    assert {(r[1], r[2]) for r in rows if r[0] == join[0].id} == {(blocks, "0-9"), (txs, "0-9")}
+
+
+async def test_stale_attempt_is_rejected_and_changes_nothing(
+    world: World, repo: SqlRepository, clock: ManualClock
+) -> None:
+    assert world.producer is not None and world.fence is not None
+    await world.tasks.fail(world.fence, "boom")
+    clock.advance(3600)
+    await world.tasks.requeue_due()
+    outcome = await world.tasks.claim(world.producer.task_id, "other-worker")
+    assert outcome.lease is not None and outcome.lease.attempt == 2
+    with pytest.raises(StaleClaim):
+        await world.emit([world.partition("blocks", 0, 9)])
+    async with repo.read() as tx:
+        count = (
+            await tx.connection.execute(sa.select(sa.func.count()).select_from(schema.events))
+        ).scalar_one()
+    assert count == 0
+
+
+async def test_late_reply_of_current_attempt_is_accepted(world: World) -> None:
+    """A timed-out attempt may still report while no newer attempt started."""
+    assert world.fence is not None
+    await world.tasks.fail(world.fence, "lease expired")
+    ids = await world.emit([world.partition("blocks", 0, 9)])
+    assert len(ids) == 1
+
+
+async def test_events_must_name_the_producers_outputs(world: World) -> None:
+    other, version = world.pointer("pu_out")
+    with pytest.raises(InvalidInput) as err:
+        await world.emit([DatasetEvent(other, version, cursor=1)])
+    assert err.value.field == "events[0].dataset_uuid"
+    blocks, _ = world.pointer("blocks")
+    with pytest.raises(InvalidInput) as err:
+        await world.emit([DatasetEvent(blocks, uuid.uuid4(), cursor=1)])
+    assert err.value.field == "events[0].dataset_version"
+
+
+@pytest.mark.parametrize(
+    ("doc", "field"),
+    [
+        ({"dataset_version": str(uuid.uuid4()), "cursor": 1}, "events[0].dataset_uuid"),
+        (
+            {"dataset_uuid": "nope", "dataset_version": str(uuid.uuid4()), "cursor": 1},
+            "events[0].dataset_uuid",
+        ),
+        ({"dataset_uuid": str(uuid.uuid4()), "dataset_version": str(uuid.uuid4())}, "events[0]"),
+        (
+            {
+                "dataset_uuid": str(uuid.uuid4()),
+                "dataset_version": str(uuid.uuid4()),
+                "partition_key": "1-2",
+                "start": 1,
+                "end": 3,
+            },
+            "events[0].partition_key",
+        ),
+        (
+            {
+                "dataset_uuid": str(uuid.uuid4()),
+                "dataset_version": str(uuid.uuid4()),
+                "partition_key": "5-2",
+                "start": 5,
+                "end": 2,
+            },
+            "events[0].end",
+        ),
+        (
+            {
+                "dataset_uuid": str(uuid.uuid4()),
+                "dataset_version": str(uuid.uuid4()),
+                "cursor": True,
+            },
+            "events[0].cursor",
+        ),
+        (
+            {
+                "dataset_uuid": str(uuid.uuid4()),
+                "dataset_version": str(uuid.uuid4()),
+                "cursor": 1,
+                "extra": 1,
+            },
+            "events[0].extra",
+        ),
+    ],
+)
+def test_malformed_events_name_the_field(doc: dict[str, Any], field: str) -> None:
+    with pytest.raises(InvalidInput) as err:
+        parse_events([doc])
+    assert err.value.field == field
+
+
+async def test_paused_dependent_defers_without_losing_the_event(
+    world: World, repo: SqlRepository, clock: ManualClock
+) -> None:
+    job = world.deployed.jobs["per_update"]
+    async with repo.transaction() as tx:
+        await tx.connection.execute(
+            sa.insert(schema.job_states).values(job_id=job, paused=True, updated_at=clock.now())
+        )
+    (event_id,) = await world.emit([world.partition("blocks", 0, 9)])
+    await world.route_all()
+    assert await world.tasks_of("per_update") == []
+    async with repo.transaction() as tx:
+        await tx.connection.execute(
+            sa.update(schema.job_states)
+            .where(schema.job_states.c.job_id == job)
+            .values(paused=False)
+        )
+        status = (
+            await tx.connection.execute(
+                sa.select(schema.events.c.route_status).where(schema.events.c.id == event_id)
+            )
+        ).scalar_one()
+    assert status == "pending"
+    clock.advance(10)  # the deferred outbox row falls due
+    await world.route_all()
+    assert len(await world.tasks_of("per_update")) == 1

@@ -1,0 +1,99 @@
+"""What a dataset version has materialized, and whether one covers another.
+
+Coverage is kept as merged inclusive block ranges plus the highest cursor
+(``dataset_version_progress``), never one row per partition: a version with a
+million partitions is still a handful of intervals. The Dispatcher's router
+maintains it with :func:`merge_ranges`; activation compares a building
+version with the current one with :func:`covers`.
+"""
+
+from __future__ import annotations
+
+import bisect
+import uuid
+from collections.abc import Collection, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from trace_core.storage import schema
+
+__all__ = ["Coverage", "Range", "covers", "merge_ranges", "read_coverage"]
+
+Range = tuple[int, int]
+"""An inclusive ``(start, end)`` block range."""
+
+
+def merge_ranges(ranges: Iterable[Sequence[int]]) -> list[Range]:
+    """Sort and merge inclusive integer ranges; touching ranges merge too.
+
+    ``[[0, 9], [10, 19], [30, 39], [35, 50]]`` -> ``[(0, 19), (30, 50)]``.
+    Raises ``ValueError`` for a range whose end is before its start.
+    """
+    pairs: list[Range] = []
+    for item in ranges:
+        start, end = int(item[0]), int(item[1])
+        if end < start:
+            raise ValueError(f"range [{start}, {end}] ends before it starts")
+        pairs.append((start, end))
+    pairs.sort()
+    merged: list[Range] = []
+    for start, end in pairs:
+        # Block numbers are integers: [0, 9] and [10, 19] leave no gap.
+        if merged and start <= merged[-1][1] + 1:
+            if end > merged[-1][1]:
+                merged[-1] = (merged[-1][0], end)
+        else:
+            merged.append((start, end))
+    return merged
+
+
+@dataclass(frozen=True)
+class Coverage:
+    """Materialized progress of one dataset version (empty when nothing is known)."""
+
+    ranges: tuple[Range, ...] = ()
+    max_cursor: int | None = None
+
+    @classmethod
+    def of(cls, ranges: Any, max_cursor: int | None) -> Coverage:
+        """From a ``dataset_version_progress`` row's JSON ranges and cursor."""
+        return cls(tuple(merge_ranges(ranges or [])), max_cursor)
+
+
+def covers(candidate: Coverage, baseline: Coverage) -> bool:
+    """Whether ``candidate`` has materialized at least what ``baseline`` has.
+
+    Every baseline range must lie inside the union of the candidate's ranges,
+    and when the baseline has a cursor the candidate's must be as high.
+    """
+    if baseline.max_cursor is not None and (
+        candidate.max_cursor is None or candidate.max_cursor < baseline.max_cursor
+    ):
+        return False
+    have = merge_ranges(candidate.ranges)
+    starts = [start for start, _ in have]
+    for start, end in merge_ranges(baseline.ranges):
+        # Merged intervals neither overlap nor touch, so a contiguous range
+        # inside their union is inside the single interval that holds its start.
+        i = bisect.bisect_right(starts, start) - 1
+        if i < 0 or have[i][1] < end:
+            return False
+    return True
+
+
+async def read_coverage(
+    conn: AsyncConnection, versions: Collection[uuid.UUID]
+) -> dict[uuid.UUID, Coverage]:
+    """The recorded coverage of each of ``versions`` that has a progress row."""
+    if not versions:
+        return {}
+    g = schema.dataset_version_progress
+    rows = await conn.execute(
+        sa.select(g.c.dataset_version, g.c.ranges, g.c.max_cursor).where(
+            g.c.dataset_version.in_(list(versions))
+        )
+    )
+    return {row[0]: Coverage.of(row[1], row[2]) for row in rows.all()}

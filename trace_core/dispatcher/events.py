@@ -1,0 +1,333 @@
+"""Upstream events: validation, producer fencing and durable acceptance.
+
+An event says that a dataset version materialized one unit of work: a cursor
+position or a partition (``{start}-{end}``, inclusive, for block ranges).
+Accepting events stores each once per ``(dataset_version, unit_key)`` — a
+redelivery only bumps its ``deliveries`` count — advances the version's
+coverage, and writes one ``route_event`` outbox row for the new ones, all in
+the caller's transaction. Routing happens after commit, from the outbox, so a
+crash between the two loses nothing.
+
+Events from a task are fenced: only the task's current attempt may emit, and
+only for datasets its job produces. A late reply of the current attempt is
+accepted after a timeout mark as long as no newer attempt has been claimed
+(interface-contracts.md); a stale attempt changes nothing.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from trace_core.clock import Clock, SystemClock
+from trace_core.dispatcher.coverage import record_coverage
+from trace_core.errors import InvalidInput, StaleClaim
+from trace_core.outbox import write_outbox
+from trace_core.storage import schema
+from trace_core.storage.protocol import NewOutboxRow, Repository, Transaction, within
+from trace_core.storage.sql import SqlTransaction, as_sql
+
+__all__ = [
+    "ROUTE_EVENT",
+    "AcceptResult",
+    "DatasetEvent",
+    "EventGateway",
+    "Producer",
+    "parse_events",
+]
+
+ROUTE_EVENT = "route_event"
+"""Outbox kind: route the events named in ``{"event_ids": [...]}``."""
+
+_MAX_TEXT = 256
+_ROUTE_CHUNK = 500  # event ids per route_event row: one routing transaction each
+
+
+def _as_uuid(value: object, field: str) -> uuid.UUID:
+    if isinstance(value, uuid.UUID):
+        return value
+    if not isinstance(value, str):
+        raise InvalidInput(field, "must be a UUID string")
+    try:
+        return uuid.UUID(value)
+    except ValueError:
+        raise InvalidInput(field, f"{value[:64]!r} is not a UUID") from None
+
+
+def _as_int(value: object, field: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidInput(field, "must be an integer")
+    if value < 0:
+        raise InvalidInput(field, "must be >= 0")
+    return value
+
+
+@dataclass(frozen=True)
+class DatasetEvent:
+    """One materialized unit of a dataset version: a cursor or a partition."""
+
+    dataset_uuid: uuid.UUID
+    dataset_version: uuid.UUID
+    cursor: int | str | None = None
+    partition_key: str | None = None
+    start: int | None = None
+    end: int | None = None
+
+    def __post_init__(self) -> None:
+        self.validate("event")
+
+    def validate(self, field: str) -> None:
+        """Check the shape; raises :class:`InvalidInput` naming ``field``'s member."""
+        if (self.cursor is None) == (self.partition_key is None):
+            raise InvalidInput(field, "needs exactly one of 'cursor' or 'partition_key'")
+        if isinstance(self.cursor, bool):
+            raise InvalidInput(f"{field}.cursor", "must be an integer or a string")
+        if isinstance(self.cursor, str) and not 0 < len(self.cursor) <= _MAX_TEXT:
+            raise InvalidInput(f"{field}.cursor", f"must be 1..{_MAX_TEXT} characters")
+        if isinstance(self.cursor, int) and self.cursor < 0:
+            raise InvalidInput(f"{field}.cursor", "must be >= 0")
+        if (self.start is None) != (self.end is None):
+            raise InvalidInput(field, "'start' and 'end' go together")
+        if self.partition_key is not None:
+            if not 0 < len(self.partition_key) <= _MAX_TEXT:
+                raise InvalidInput(f"{field}.partition_key", f"must be 1..{_MAX_TEXT} characters")
+            if self.start is not None and self.end is not None:
+                if self.start > self.end:
+                    raise InvalidInput(f"{field}.end", "must be >= start")
+                if self.partition_key != f"{self.start}-{self.end}":
+                    raise InvalidInput(
+                        f"{field}.partition_key",
+                        f"must be '{{start}}-{{end}}' = '{self.start}-{self.end}' for a range",
+                    )
+        elif self.start is not None:
+            raise InvalidInput(field, "'start'/'end' need a 'partition_key'")
+
+    @property
+    def unit_key(self) -> str:
+        """The unit of work: ``cursor:{cursor}`` or ``partition:{partition_key}``."""
+        if self.partition_key is not None:
+            return f"partition:{self.partition_key}"
+        return f"cursor:{self.cursor}"
+
+    @classmethod
+    def parse(cls, doc: object, field: str) -> DatasetEvent:
+        """Build an event from its JSON object; errors name ``field`` and the member."""
+        if not isinstance(doc, Mapping):
+            raise InvalidInput(field, "must be an object")
+        known = {"dataset_uuid", "dataset_version", "cursor", "partition_key", "start", "end"}
+        for key in doc:
+            if key not in known:
+                raise InvalidInput(f"{field}.{key}", "is not an event field")
+        for key in ("dataset_uuid", "dataset_version"):
+            if key not in doc:
+                raise InvalidInput(f"{field}.{key}", "is required")
+        cursor = doc.get("cursor")
+        if cursor is not None and (isinstance(cursor, bool) or not isinstance(cursor, int | str)):
+            raise InvalidInput(f"{field}.cursor", "must be an integer or a string")
+        key = doc.get("partition_key")
+        if key is not None and not isinstance(key, str):
+            raise InvalidInput(f"{field}.partition_key", "must be a string")
+        start, end = doc.get("start"), doc.get("end")
+        event = object.__new__(cls)
+        for name, value in (
+            ("dataset_uuid", _as_uuid(doc["dataset_uuid"], f"{field}.dataset_uuid")),
+            ("dataset_version", _as_uuid(doc["dataset_version"], f"{field}.dataset_version")),
+            ("cursor", cursor),
+            ("partition_key", key),
+            ("start", None if start is None else _as_int(start, f"{field}.start")),
+            ("end", None if end is None else _as_int(end, f"{field}.end")),
+        ):
+            object.__setattr__(event, name, value)
+        event.validate(field)
+        return event
+
+    def to_json(self) -> dict[str, Any]:
+        """The wire shape (dispatcher.md, "Event Model")."""
+        doc: dict[str, Any] = {
+            "dataset_uuid": str(self.dataset_uuid),
+            "dataset_version": str(self.dataset_version),
+        }
+        if self.partition_key is not None:
+            doc["partition_key"] = self.partition_key
+            if self.start is not None:
+                doc["start"], doc["end"] = self.start, self.end
+        else:
+            doc["cursor"] = self.cursor
+        return doc
+
+
+def parse_events(docs: object, field: str = "events") -> list[DatasetEvent]:
+    """Parse the ``events`` array of a request (single, partitioned or batch shape)."""
+    if not isinstance(docs, list) or not docs:
+        raise InvalidInput(field, "must be a non-empty array")
+    return [DatasetEvent.parse(doc, f"{field}[{i}]") for i, doc in enumerate(docs)]
+
+
+@dataclass(frozen=True)
+class Producer:
+    """The task attempt that emits events (its ``task_id`` is the run id)."""
+
+    task_id: uuid.UUID
+    attempt: int
+
+
+@dataclass(frozen=True)
+class AcceptResult:
+    """Outcome of an acceptance: the stored event id of each event, in order."""
+
+    event_ids: list[uuid.UUID]
+    new: int
+    duplicates: int
+
+
+class EventGateway:
+    """Accepts upstream events: fenced, deduplicated, routed through the outbox."""
+
+    def __init__(self, repo: Repository, *, clock: Clock | None = None) -> None:
+        self.repo = repo
+        self.clock = clock or SystemClock()
+
+    async def accept(
+        self,
+        events: Sequence[DatasetEvent],
+        *,
+        producer: Producer | None,
+        tx: Transaction | None = None,
+    ) -> AcceptResult:
+        """Store ``events`` and schedule their routing, in one transaction.
+
+        ``producer=None`` is a manual event (the trigger API). Raises
+        :class:`~trace_core.errors.StaleClaim` for a stale producer attempt and
+        :class:`~trace_core.errors.InvalidInput` for an event naming an unknown
+        dataset version or a dataset the producer's job does not produce.
+        """
+        if not events:
+            return AcceptResult([], 0, 0)
+        async with within(self.repo, tx) as t:
+            st = as_sql(t)
+            conn = st.connection
+            now = self.clock.now()
+            if producer is not None:
+                await _check_producer(conn, producer, events)
+            await _check_versions(conn, events)
+            ids, fresh = await _upsert_events(st, events, producer, now)
+            first = {i: e for e, i in reversed(list(zip(events, ids, strict=True)))}
+            await record_coverage(st, [first[i] for i in fresh], now=now)
+            ordered_new = [i for i in dict.fromkeys(ids) if i in fresh]
+            rows = [
+                NewOutboxRow(
+                    ROUTE_EVENT,
+                    {"event_ids": [str(i) for i in ordered_new[k : k + _ROUTE_CHUNK]]},
+                )
+                for k in range(0, len(ordered_new), _ROUTE_CHUNK)
+            ]
+            await write_outbox(t, rows, now)
+        return AcceptResult(ids, len(fresh), len(events) - len(fresh))
+
+
+async def _check_producer(
+    conn: AsyncConnection, producer: Producer, events: Sequence[DatasetEvent]
+) -> None:
+    t, j = schema.tasks, schema.jobs
+    stmt = (
+        sa.select(t.c.status, t.c.attempt, j.c.output_datasets)
+        .join(j, j.c.id == t.c.job_id)
+        .where(t.c.id == producer.task_id)
+    )
+    if conn.dialect.name == "postgresql":
+        # A claim of a newer attempt waits for this acceptance to commit (and
+        # vice versa), so "current attempt" is judged consistently.
+        stmt = stmt.with_for_update(read=True, of=t)
+    row = (await conn.execute(stmt)).one_or_none()
+    if row is None:
+        raise StaleClaim("tasks", producer.task_id, "no such task")
+    status, attempt, outputs = row
+    if attempt != producer.attempt or status == "Canceled":
+        raise StaleClaim(
+            "tasks",
+            producer.task_id,
+            f"attempt {producer.attempt} is not current (attempt {attempt}, {status})",
+        )
+    produced = {str(o) for o in outputs or ()}
+    for i, event in enumerate(events):
+        if str(event.dataset_uuid) not in produced:
+            raise InvalidInput(
+                f"events[{i}].dataset_uuid",
+                f"dataset {event.dataset_uuid} is not an output of the producing task's job",
+            )
+
+
+async def _check_versions(conn: AsyncConnection, events: Sequence[DatasetEvent]) -> None:
+    v = schema.dataset_versions
+    wanted = {e.dataset_version for e in events}
+    rows = await conn.execute(sa.select(v.c.id, v.c.dataset_uuid).where(v.c.id.in_(wanted)))
+    owner = {r[0]: r[1] for r in rows}
+    for i, event in enumerate(events):
+        if event.dataset_version not in owner:
+            raise InvalidInput(
+                f"events[{i}].dataset_version", f"unknown dataset version {event.dataset_version}"
+            )
+        if owner[event.dataset_version] != event.dataset_uuid:
+            raise InvalidInput(
+                f"events[{i}].dataset_version",
+                f"{event.dataset_version} is not a version of dataset {event.dataset_uuid}",
+            )
+
+
+async def _upsert_events(
+    tx: SqlTransaction,
+    events: Sequence[DatasetEvent],
+    producer: Producer | None,
+    now: datetime,
+) -> tuple[list[uuid.UUID], set[uuid.UUID]]:
+    """Insert new events, count redeliveries; the id of each and the new ids."""
+    e = schema.events
+    unique: dict[tuple[uuid.UUID, str], DatasetEvent] = {}
+    for event in events:
+        unique.setdefault((event.dataset_version, event.unit_key), event)
+    rows = [
+        {
+            "id": uuid.uuid4(),
+            "dataset_uuid": ev.dataset_uuid,
+            "dataset_version": ev.dataset_version,
+            "unit_key": ev.unit_key,
+            "cursor": None if ev.cursor is None else str(ev.cursor),
+            "partition_key": ev.partition_key,
+            "range_start": ev.start,
+            "range_end": ev.end,
+            "origin": "manual" if producer is None else "task",
+            "producer_task_id": None if producer is None else producer.task_id,
+            "producer_attempt": None if producer is None else producer.attempt,
+            "received_at": now,
+            "last_received_at": now,
+            "deliveries": 1,
+            "route_status": "pending",
+            "tasks_created": 0,
+            "tasks_existing": 0,
+        }
+        for ev in unique.values()
+    ]
+    insert = tx.insert(e)
+    stmt = insert.on_conflict_do_update(
+        index_elements=[e.c.dataset_version, e.c.unit_key],
+        set_={
+            "deliveries": e.c.deliveries + 1,
+            "last_received_at": insert.excluded.last_received_at,
+        },
+    ).returning(e.c.id, e.c.dataset_version, e.c.unit_key, e.c.deliveries)
+    result = await tx.connection.execute(stmt, rows)
+    by_key: dict[tuple[uuid.UUID, str], uuid.UUID] = {}
+    fresh: set[uuid.UUID] = set()
+    for row_id, version, unit_key, deliveries in result.all():
+        by_key[(version, unit_key)] = row_id
+        if deliveries == 1:
+            fresh.add(row_id)
+    ids = [by_key[(ev.dataset_version, ev.unit_key)] for ev in events]
+    # An event repeated inside one request is a duplicate of its first copy.
+    return ids, fresh

@@ -1,0 +1,83 @@
+"""Starting tasks: the ``enqueue_task`` outbox handler.
+
+Reads the tasks of a wake-up row, skips those that can no longer run
+(finished, canceled, already running), groups the rest by their job's runtime
+and starts them: a wake-up on the runtime's queue (``ecs_*``), an
+asynchronous Lambda invocation with the full task payload (``lambda``), or the
+Dispatcher's in-process runner (``dispatcher``). Delivery is at-least-once:
+workers claim before they run, so a repeated start is harmless.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
+
+import sqlalchemy as sa
+
+from trace_core.dispatcher.payload import task_payloads
+from trace_core.dispatcher.runtimes import RuntimeKind, RuntimeRegistry
+from trace_core.ports import LambdaInvoker, WakeupQueue
+from trace_core.storage import schema
+from trace_core.storage.protocol import Repository
+from trace_core.storage.sql import as_sql
+
+__all__ = ["InProcessStart", "TaskLauncher"]
+
+InProcessStart = Callable[[Sequence[uuid.UUID]], Awaitable[None]]
+"""Hands tasks of ``runtime: dispatcher`` jobs to the in-process runner."""
+
+_STARTABLE = ("Queued",)
+
+
+class TaskLauncher:
+    """Starts tasks through their job's runtime (the ``enqueue_task`` handler)."""
+
+    def __init__(
+        self,
+        repo: Repository,
+        runtimes: RuntimeRegistry,
+        *,
+        wakeups: WakeupQueue,
+        lambdas: LambdaInvoker,
+        in_process: InProcessStart,
+    ) -> None:
+        self.repo = repo
+        self.runtimes = runtimes
+        self.wakeups = wakeups
+        self.lambdas = lambdas
+        self.in_process = in_process
+
+    async def handle(self, payload: Mapping[str, Any]) -> None:
+        """Outbox handler for ``{"task_ids": [...]}``; raises to be retried."""
+        await self.start([uuid.UUID(str(t)) for t in payload["task_ids"]])
+
+    async def start(self, task_ids: Sequence[uuid.UUID]) -> None:
+        """Start the startable tasks among ``task_ids``."""
+        t, j = schema.tasks, schema.jobs
+        async with self.repo.read() as tx:
+            conn = as_sql(tx).connection
+            rows = (
+                await conn.execute(
+                    sa.select(t.c.id, j.c.runtime, j.c.operator)
+                    .join(j, j.c.id == t.c.job_id)
+                    .where(t.c.id.in_(list(task_ids)), t.c.status.in_(_STARTABLE))
+                )
+            ).all()
+            lambda_ids = [r[0] for r in rows if self.runtimes.get(r[1]).kind is RuntimeKind.LAMBDA]
+            payloads = await task_payloads(conn, lambda_ids) if lambda_ids else {}
+        queues: dict[str, list[uuid.UUID]] = {}
+        local: list[uuid.UUID] = []
+        for task_id, runtime_name, operator in rows:
+            runtime = self.runtimes.get(runtime_name)
+            if runtime.kind is RuntimeKind.QUEUE:
+                queues.setdefault(runtime.target_for(operator), []).append(task_id)
+            elif runtime.kind is RuntimeKind.LAMBDA:
+                await self.lambdas.invoke(runtime.target_for(operator), payloads[task_id])
+            else:
+                local.append(task_id)
+        for queue, ids in queues.items():
+            await self.wakeups.send(queue, ids)
+        if local:
+            await self.in_process(local)

@@ -1,0 +1,100 @@
+"""The full task payload: what ``/internal/task-fetch`` returns and what a
+Lambda is invoked with, so an operator runs without state-DB credentials.
+
+Shape (interface-contracts.md): ``task_id``, ``attempt``, ``status``,
+``job {dag_name, name}``, ``operator``, ``config``, ``inputs`` (pinned dataset
+versions with their ``where`` filters and the unit of work), ``outputs``
+(dataset, version and version-addressed location by output index) and
+``partitions``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from trace_core.dag.validate import INPUTS_WHERE_KEY
+from trace_core.storage import schema
+
+__all__ = ["task_payloads"]
+
+
+async def task_payloads(
+    conn: AsyncConnection, task_ids: Sequence[uuid.UUID]
+) -> dict[uuid.UUID, dict[str, Any]]:
+    """The payload of each existing task among ``task_ids`` (two queries)."""
+    t, j = schema.tasks, schema.jobs
+    rows = (
+        await conn.execute(
+            sa.select(
+                t.c.id,
+                t.c.attempt,
+                t.c.status,
+                t.c.partitions,
+                t.c.input_versions,
+                j.c.id.label("job_id"),
+                j.c.name,
+                j.c.dag_name,
+                j.c.dag_version_id,
+                j.c.operator,
+                j.c.runtime,
+                j.c.config,
+                j.c.output_datasets,
+            )
+            .join(j, j.c.id == t.c.job_id)
+            .where(t.c.id.in_(list(task_ids)))
+        )
+    ).mappings()
+    tasks = list(rows)
+    locations = await _output_locations(conn, {r["dag_version_id"] for r in tasks})
+    payloads = {}
+    for row in tasks:
+        pointers = locations.get(row["dag_version_id"], {})
+        outputs = []
+        for index, dataset in enumerate(row["output_datasets"] or ()):
+            version, location = pointers.get(uuid.UUID(dataset), (None, None))
+            outputs.append(
+                {
+                    "output_index": index,
+                    "dataset_uuid": dataset,
+                    "dataset_version": None if version is None else str(version),
+                    "location": location,
+                }
+            )
+        inputs = (row["input_versions"] or {}).get("inputs", [])
+        config = {k: v for k, v in (row["config"] or {}).items() if k != INPUTS_WHERE_KEY}
+        payloads[row["id"]] = {
+            "task_id": str(row["id"]),
+            "attempt": row["attempt"],
+            "status": row["status"],
+            "job": {"dag_name": row["dag_name"], "name": row["name"], "id": str(row["job_id"])},
+            "operator": row["operator"],
+            "runtime": row["runtime"],
+            "config": config,
+            "inputs": inputs,
+            "outputs": outputs,
+            "partitions": list(row["partitions"] or ()),
+            "bootstrap": (row["input_versions"] or {}).get("bootstrap"),
+        }
+    return payloads
+
+
+async def _output_locations(
+    conn: AsyncConnection, dag_versions: set[uuid.UUID]
+) -> dict[uuid.UUID, dict[uuid.UUID, tuple[uuid.UUID, str]]]:
+    p, v = schema.dag_version_datasets, schema.dataset_versions
+    if not dag_versions:
+        return {}
+    rows = await conn.execute(
+        sa.select(p.c.dag_version_id, p.c.dataset_uuid, v.c.id, v.c.storage_location)
+        .join(v, v.c.id == p.c.dataset_version)
+        .where(p.c.dag_version_id.in_(dag_versions))
+    )
+    found: dict[uuid.UUID, dict[uuid.UUID, tuple[uuid.UUID, str]]] = {}
+    for dag_version, dataset, version, location in rows:
+        found.setdefault(dag_version, {})[dataset] = (version, location)
+    return found

@@ -1,0 +1,326 @@
+"""Event routing: accepted events become tasks of the jobs that read them.
+
+The ``route_event`` outbox handler. For a batch of stored events it finds the
+live reactive jobs whose input edges point at the event's dataset *version*
+(events of versions no live DAG version points at are kept for audit and
+marked ``not_current``), and creates at most one task per unit of work:
+
+- ``PerUpdate``: one task per event, dedupe key
+  ``cursor:{dataset_uuid}:{dataset_version}:{cursor}`` (or ``partition:…`` for
+  a partition event);
+- ``PerPartition``: one task per partition, dedupe key
+  ``partition:{dataset_uuid}:{dataset_version}:{partition_key}`` of the job's
+  first input; a job with several inputs gets its task once every input holds
+  the partition (the last input to arrive creates it).
+
+Duplicates and out-of-order deliveries therefore create nothing new. Each
+task carries its pinned input versions with their ``where`` filters, and
+``task_inputs`` rows record them. Jobs paused by backpressure get nothing now:
+the event stays ``pending`` and its outbox row is retried later. The outcome
+of every routing decision is stored on the event row (``route_detail``) for
+``explain``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from trace_core.clock import Clock, SystemClock
+from trace_core.dag.coverage import Coverage, covers, read_coverage
+from trace_core.dispatcher.topology import Dependent, InputEdge, live_pointers, reactive_dependents
+from trace_core.outbox import Deferred
+from trace_core.storage import schema
+from trace_core.storage.protocol import NewTask, Repository
+from trace_core.storage.sql import as_sql
+from trace_core.tasks import TaskQueue
+
+__all__ = ["EventRouter", "RouteReport", "dedupe_key"]
+
+
+@dataclass(frozen=True)
+class _Event:
+    id: uuid.UUID
+    dataset_uuid: uuid.UUID
+    dataset_version: uuid.UUID
+    unit_key: str
+    cursor: str | None
+    partition_key: str | None
+    start: int | None
+    end: int | None
+    received_at: datetime
+
+
+@dataclass
+class RouteReport:
+    """What one routing pass did."""
+
+    events: int = 0
+    routed: int = 0
+    not_current: int = 0
+    deferred: int = 0
+    tasks_created: int = 0
+    tasks_existing: int = 0
+    waiting: int = 0
+    """Decisions postponed until the job's other inputs hold the partition."""
+
+
+def dedupe_key(job: Dependent, event: _Event) -> str:
+    """The unit of work an event means for ``job`` (see the module docstring)."""
+    if event.partition_key is not None:
+        if job.execution_strategy == "PerPartition":
+            driver = job.inputs[0]
+            return f"partition:{driver.dataset_uuid}:{driver.dataset_version}:{event.partition_key}"
+        return f"partition:{event.dataset_uuid}:{event.dataset_version}:{event.partition_key}"
+    return f"cursor:{event.dataset_uuid}:{event.dataset_version}:{event.cursor}"
+
+
+@dataclass
+class _Plan:
+    tasks: dict[tuple[uuid.UUID, str], NewTask] = field(default_factory=dict)
+    inputs: dict[tuple[uuid.UUID, str], list[tuple[uuid.UUID, str, datetime]]] = field(
+        default_factory=dict
+    )
+    outcomes: dict[uuid.UUID, dict[str, str]] = field(default_factory=dict)
+    keys: dict[uuid.UUID, list[tuple[str, tuple[uuid.UUID, str]]]] = field(default_factory=dict)
+
+
+class EventRouter:
+    """Routes stored events to dependent jobs (the ``route_event`` handler)."""
+
+    def __init__(
+        self,
+        repo: Repository,
+        *,
+        clock: Clock | None = None,
+        tasks: TaskQueue | None = None,
+        handicap: Callable[[str], float] | None = None,
+        defer_seconds: float = 5.0,
+    ) -> None:
+        self.repo = repo
+        self.clock = clock or SystemClock()
+        self.tasks = tasks or TaskQueue(repo, clock=self.clock)
+        self.handicap = handicap or (lambda tier: 0.0)
+        self.defer_seconds = defer_seconds
+
+    async def handle(self, payload: Mapping[str, Any]) -> None:
+        """Outbox handler: route ``payload["event_ids"]``; defer if a job is paused."""
+        report = await self.route([uuid.UUID(str(i)) for i in payload["event_ids"]])
+        if report.deferred:
+            raise Deferred(self.defer_seconds, f"{report.deferred} events wait for paused jobs")
+
+    async def route(self, event_ids: Sequence[uuid.UUID]) -> RouteReport:
+        """Route the pending events among ``event_ids`` in one transaction."""
+        report = RouteReport()
+        async with self.repo.transaction() as tx:
+            st = as_sql(tx)
+            conn = st.connection
+            now = self.clock.now()
+            events = await _pending(conn, event_ids)
+            report.events = len(events)
+            if not events:
+                return report
+            dependents = await reactive_dependents(conn, {e.dataset_uuid for e in events})
+            live = await live_pointers(conn)
+            paused = await _paused(conn)
+            coverage = await read_coverage(
+                conn,
+                {
+                    edge.dataset_version
+                    for deps in dependents.values()
+                    for job, _ in deps
+                    for edge in job.inputs
+                },
+            )
+            plan = _Plan()
+            for event in events:
+                self._plan_event(event, dependents, paused, coverage, plan, report)
+            created = await self.tasks.create(list(plan.tasks.values()), tx=tx)
+            task_ids = {
+                key: c for key, c in zip(plan.tasks, created, strict=True)
+            }  # (job_id, dedupe_key) -> TaskCreated
+            await _insert_task_inputs(st, plan, task_ids)
+            updates = []
+            for event in events:
+                detail = plan.outcomes.get(event.id, {})
+                made = existing = 0
+                for job_name, key in plan.keys.get(event.id, []):
+                    if task_ids[key].created and detail.get(job_name) != "existing":
+                        detail[job_name] = "created"
+                        made += 1
+                    else:
+                        detail[job_name] = "existing"
+                        existing += 1
+                report.tasks_created += made
+                report.tasks_existing += existing
+                if "paused" in detail.values():
+                    status = "pending"
+                    report.deferred += 1
+                elif event.dataset_version in live:
+                    status = "routed"
+                    report.routed += 1
+                else:
+                    status = "not_current"
+                    report.not_current += 1
+                updates.append(
+                    {
+                        "b_id": event.id,
+                        "b_status": status,
+                        "b_routed_at": now if status != "pending" else None,
+                        "b_created": made,
+                        "b_existing": existing,
+                        "b_detail": detail or None,
+                    }
+                )
+            await _update_events(conn, updates)
+        return report
+
+    def _plan_event(
+        self,
+        event: _Event,
+        dependents: Mapping[uuid.UUID, list[tuple[Dependent, InputEdge]]],
+        paused: set[uuid.UUID],
+        coverage: Mapping[uuid.UUID, Coverage],
+        plan: _Plan,
+        report: RouteReport,
+    ) -> None:
+        outcomes = plan.outcomes.setdefault(event.id, {})
+        for job, edge in dependents.get(event.dataset_uuid, []):
+            if edge.dataset_version != event.dataset_version:
+                continue  # this job reads another generation of the dataset
+            if job.job_id in paused:
+                outcomes[job.job_name] = "paused"
+                continue
+            if not _inputs_ready(job, event, coverage):
+                outcomes[job.job_name] = "waiting_for_inputs"
+                report.waiting += 1
+                continue
+            key = dedupe_key(job, event)
+            task_key = (job.job_id, key)
+            plan.keys.setdefault(event.id, []).append((job.job_name, task_key))
+            if task_key in plan.tasks:
+                outcomes[job.job_name] = "existing"  # a duplicate within this batch
+                continue
+            plan.tasks[task_key] = NewTask(
+                job_id=job.job_id,
+                dedupe_key=key,
+                partitions=[event.partition_key] if event.partition_key is not None else None,
+                input_versions=_input_versions(job, event),
+                max_attempts=job.max_attempts,
+                handicap_seconds=self.handicap(job.priority_tier),
+            )
+            plan.inputs[task_key] = _task_input_rows(job, event)
+
+
+def _inputs_ready(job: Dependent, event: _Event, coverage: Mapping[uuid.UUID, Coverage]) -> bool:
+    """For a PerPartition join: every other input already holds the range."""
+    if job.execution_strategy != "PerPartition" or len(job.inputs) < 2:
+        return True
+    if event.start is None or event.end is None:
+        return True  # non-range partitions cannot be joined by coverage; route as they come
+    for edge in job.inputs:
+        if edge.dataset_uuid == event.dataset_uuid:
+            continue
+        held = coverage.get(edge.dataset_version, Coverage())
+        if not covers(held, Coverage(((event.start, event.end),))):
+            return False
+    return True
+
+
+def _unit(event: _Event) -> dict[str, Any]:
+    if event.partition_key is not None:
+        unit: dict[str, Any] = {"partition_key": event.partition_key}
+        if event.start is not None:
+            unit["start"], unit["end"] = event.start, event.end
+        return unit
+    return {"cursor": event.cursor}
+
+
+def _input_versions(job: Dependent, event: _Event) -> dict[str, Any]:
+    """The task's pinned inputs: every edge's version and ``where`` filter, with
+    the unit of work on the triggering edge (on every edge for PerPartition)."""
+    unit = _unit(event)
+    inputs = []
+    for edge in job.inputs:
+        entry: dict[str, Any] = {
+            "dataset_uuid": str(edge.dataset_uuid),
+            "dataset_version": str(edge.dataset_version),
+            "where": edge.where,
+        }
+        if edge.dataset_uuid == event.dataset_uuid or (
+            job.execution_strategy == "PerPartition" and event.partition_key is not None
+        ):
+            entry.update(unit)
+        inputs.append(entry)
+    return {"inputs": inputs, "trigger_event_id": str(event.id)}
+
+
+def _task_input_rows(job: Dependent, event: _Event) -> list[tuple[uuid.UUID, str, datetime]]:
+    unit = event.partition_key if event.partition_key is not None else f"cursor:{event.cursor}"
+    if job.execution_strategy == "PerPartition" and event.partition_key is not None:
+        return [(edge.dataset_uuid, unit, event.received_at) for edge in job.inputs]
+    return [(event.dataset_uuid, unit, event.received_at)]
+
+
+async def _pending(conn: AsyncConnection, event_ids: Sequence[uuid.UUID]) -> list[_Event]:
+    e = schema.events
+    rows = await conn.execute(
+        sa.select(
+            e.c.id,
+            e.c.dataset_uuid,
+            e.c.dataset_version,
+            e.c.unit_key,
+            e.c.cursor,
+            e.c.partition_key,
+            e.c.range_start,
+            e.c.range_end,
+            e.c.received_at,
+        )
+        .where(e.c.id.in_(list(event_ids)), e.c.route_status == "pending")
+        .order_by(e.c.received_at, e.c.id)
+    )
+    return [_Event(*row) for row in rows]
+
+
+async def _paused(conn: AsyncConnection) -> set[uuid.UUID]:
+    s = schema.job_states
+    rows = await conn.execute(sa.select(s.c.job_id).where(s.c.paused.is_(True)))
+    return {r[0] for r in rows}
+
+
+async def _insert_task_inputs(st: Any, plan: _Plan, task_ids: Mapping[Any, Any]) -> None:
+    rows = [
+        {
+            "task_id": task_ids[key].task_id,
+            "input_dataset_uuid": dataset_uuid,
+            "input_partition_key": unit,
+            "input_version": version,
+        }
+        for key, entries in plan.inputs.items()
+        if task_ids[key].created
+        for dataset_uuid, unit, version in entries
+    ]
+    if rows:
+        await st.connection.execute(st.insert(schema.task_inputs).on_conflict_do_nothing(), rows)
+
+
+async def _update_events(conn: AsyncConnection, updates: list[dict[str, Any]]) -> None:
+    e = schema.events
+    stmt = (
+        sa.update(e)
+        .where(e.c.id == sa.bindparam("b_id"))
+        .values(
+            route_status=sa.bindparam("b_status"),
+            routed_at=sa.bindparam("b_routed_at"),
+            tasks_created=e.c.tasks_created + sa.bindparam("b_created"),
+            tasks_existing=e.c.tasks_existing + sa.bindparam("b_existing"),
+            route_detail=sa.bindparam("b_detail", type_=e.c.route_detail.type),
+        )
+    )
+    await conn.execute(stmt, updates)

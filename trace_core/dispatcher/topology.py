@@ -1,0 +1,80 @@
+"""The live DAG as the router sees it: who reads which dataset version.
+
+Built on :func:`trace_core.dag.live_jobs` (jobs of current DAG versions, plus
+jobs of building versions that build a new dataset version), reduced to what
+routing needs: each reactive job's input edges resolved to the pinned dataset
+version of its DAG version, with their ``where`` filters.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from trace_core.dag import live_jobs
+from trace_core.storage import schema
+
+__all__ = ["Dependent", "InputEdge", "live_pointers", "reactive_dependents"]
+
+
+@dataclass(frozen=True)
+class InputEdge:
+    """One input of a job: the dataset, the version its DAG version pins, the filter."""
+
+    dataset_uuid: uuid.UUID
+    dataset_version: uuid.UUID
+    where: str | None
+
+
+@dataclass(frozen=True)
+class Dependent:
+    """A live reactive job, as routing needs it."""
+
+    job_id: uuid.UUID
+    job_name: str
+    dag_name: str
+    execution_strategy: str
+    inputs: tuple[InputEdge, ...]
+    max_attempts: int
+    priority_tier: str
+
+
+async def reactive_dependents(
+    conn: AsyncConnection, dataset_uuids: set[uuid.UUID]
+) -> dict[uuid.UUID, list[tuple[Dependent, InputEdge]]]:
+    """For each of ``dataset_uuids``, the live reactive jobs reading it and the edge."""
+    found: dict[uuid.UUID, list[tuple[Dependent, InputEdge]]] = {}
+    for job in await live_jobs(conn):
+        if job.activation != "reactive" or not job.input_datasets:
+            continue
+        edges = tuple(
+            InputEdge(ds, job.input_pointers[ds], job.where.get(ds)) for ds in job.input_datasets
+        )
+        dependent = Dependent(
+            job_id=job.job_id,
+            job_name=job.job_name,
+            dag_name=job.dag_name,
+            execution_strategy=job.execution_strategy or "PerUpdate",
+            inputs=edges,
+            max_attempts=job.max_attempts,
+            priority_tier=job.priority_tier,
+        )
+        for edge in edges:
+            if edge.dataset_uuid in dataset_uuids:
+                found.setdefault(edge.dataset_uuid, []).append((dependent, edge))
+    return found
+
+
+async def live_pointers(conn: AsyncConnection) -> set[uuid.UUID]:
+    """Dataset versions pointed at by a current or building DAG version."""
+    p, v = schema.dag_version_datasets, schema.dag_versions
+    rows = await conn.execute(
+        sa.select(p.c.dataset_version)
+        .join(v, v.c.id == p.c.dag_version_id)
+        .where(v.c.status.in_(("current", "building")))
+        .distinct()
+    )
+    return {r[0] for r in rows}
