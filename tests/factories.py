@@ -1,11 +1,20 @@
-"""Rows the protocol tests need: standalone jobs and one ready item per queue."""
+"""Rows the tests need: standalone jobs, ready items per queue, and DAG topologies.
+
+``JobDef``/``build_dag`` insert a DAG topology directly (org, a ``current``
+DAG version, datasets, jobs with their dataset edges); ``queue_tasks`` gives
+a job queued tasks. The backpressure, concurrency and metrics tests use them.
+``run_on_separate_repos`` runs concurrent actors, each with its own connections.
+"""
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+import anyio
 import sqlalchemy as sa
 
 from trace_core.model import QueueSpec
@@ -13,6 +22,7 @@ from trace_core.standalone import ensure_standalone_job
 from trace_core.storage import schema
 from trace_core.storage.protocol import NewOutboxRow, NewTask
 from trace_core.storage.sql import SqlRepository
+from trace_core.tasks import TaskQueue
 
 
 async def make_job(
@@ -90,3 +100,150 @@ async def make_items(
                 ],
             )
     return ids
+
+
+# --- DAG topologies -------------------------------------------------------------
+
+
+def stable_id(*parts: str) -> uuid.UUID:
+    """A UUID derived from ``parts``: the same names give the same ids in every run."""
+    return uuid.uuid5(uuid.NAMESPACE_URL, "trace-test:" + "/".join(parts))
+
+
+@dataclass(frozen=True)
+class JobDef:
+    """A job to insert: dataset names it reads and writes, and its settings."""
+
+    name: str
+    inputs: tuple[str, ...] = ()
+    outputs: tuple[str, ...] = ()
+    tier: str = "normal"
+    backpressure: dict[str, Any] | None = None
+    scaling: dict[str, Any] | None = None
+    operator: str = "noop"
+    heartbeat_timeout_seconds: int | None = None
+
+
+async def build_dag(
+    repo: SqlRepository,
+    now: datetime,
+    jobs: Sequence[JobDef],
+    *,
+    dag: str = "dex",
+    org: str = "acme",
+    status: str = "current",
+) -> dict[str, uuid.UUID]:
+    """Insert ``jobs`` as one version of DAG ``dag``; return job ids by name.
+
+    Datasets are named per org; one read but produced by no job here is
+    registered with an ``external`` producer. Rows are inserted directly (not
+    through :func:`trace_core.dag.deploy`) so tests can use any name and shape.
+    """
+    org_id = stable_id("org", org)
+    version_id = stable_id("dag", org, dag, status)
+    produced = {d: (j.name, i) for j in jobs for i, d in enumerate(j.outputs)}
+    read = {d for j in jobs for d in j.inputs}
+    ds_id = {d: stable_id("dataset", org, d) for d in {*produced, *read}}
+    ids = {j.name: stable_id("job", org, dag, status, j.name) for j in jobs}
+    async with repo.transaction() as tx:
+        conn = tx.connection
+        await conn.execute(
+            tx.insert(schema.orgs)
+            .values(id=org_id, name=org, slug=org, settings={}, created_at=now)
+            .on_conflict_do_nothing()
+        )
+        await conn.execute(
+            sa.insert(schema.dag_versions).values(
+                id=version_id,
+                org_id=org_id,
+                dag_name=dag,
+                yaml_hash=f"test-{status}",
+                status=status,
+                created_at=now,
+            )
+        )
+        for name, dataset_id in ds_id.items():
+            job_name, index = produced.get(name, (f"external-{name}", 0))
+            await conn.execute(
+                tx.insert(schema.datasets)
+                .values(
+                    id=dataset_id,
+                    org_id=org_id,
+                    name=name,
+                    producer_dag_name=dag,
+                    producer_job_name=job_name,
+                    producer_output_index=index,
+                    created_at=now,
+                    updated_at=now,
+                )
+                .on_conflict_do_nothing()
+            )
+        # Each version writes its own dataset versions (a building version's
+        # jobs are live only while they build a generation of their own).
+        for name in produced:
+            dsv = stable_id("dataset-version", org, dag, status, name)
+            await conn.execute(
+                sa.insert(schema.dataset_versions).values(
+                    id=dsv,
+                    dataset_uuid=ds_id[name],
+                    created_at=now,
+                    storage_location=f"mem://{name}/{status}/",
+                    config_hash=f"{dag}-{status}-{name}",
+                )
+            )
+            await conn.execute(
+                sa.insert(schema.dag_version_datasets).values(
+                    dag_version_id=version_id, dataset_uuid=ds_id[name], dataset_version=dsv
+                )
+            )
+        for j in jobs:
+            await conn.execute(
+                sa.insert(schema.jobs).values(
+                    id=ids[j.name],
+                    org_id=org_id,
+                    name=j.name,
+                    dag_name=dag,
+                    dag_version_id=version_id,
+                    activation="reactive" if j.inputs else "source",
+                    runtime="dispatcher",
+                    operator=j.operator,
+                    execution_strategy="PerUpdate" if j.inputs else None,
+                    config={},
+                    config_hash=f"hash-{j.name}",
+                    input_datasets=[str(ds_id[d]) for d in j.inputs],
+                    output_datasets=[str(ds_id[d]) for d in j.outputs],
+                    update_strategy="replace",
+                    scaling=j.scaling,
+                    backpressure=j.backpressure,
+                    priority_tier=j.tier,
+                    heartbeat_timeout_seconds=j.heartbeat_timeout_seconds,
+                    created_at=now,
+                    updated_at=now,
+                )
+            )
+    return ids
+
+
+async def queue_tasks(tq: TaskQueue, job_id: uuid.UUID, count: int) -> list[uuid.UUID]:
+    """Create ``count`` queued tasks of ``job_id``; their ids."""
+    created = await tq.create([NewTask(job_id) for _ in range(count)])
+    return [c.task_id for c in created]
+
+
+# --- concurrent actors -----------------------------------------------------------
+
+
+async def run_on_separate_repos(
+    database_url: str, count: int, work: Callable[[SqlRepository, int], Coroutine[Any, Any, object]]
+) -> None:
+    """Run ``work(repo, n)`` for ``n`` in ``range(count)`` all at once, each on a
+    :class:`SqlRepository` of its own (its own connections, as separate processes
+    would have); close the repositories afterwards."""
+    repos = [SqlRepository(database_url) for _ in range(count)]
+    try:
+        async with anyio.create_task_group() as tg:
+            for n, r in enumerate(repos):
+                tg.start_soon(work, r, n)
+    finally:
+        for r in repos:
+            await r.close()

@@ -279,3 +279,20 @@ def test_core_import_stays_light() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_dispatcher_exports_resolve_and_stay_light() -> None:
+    import subprocess
+    import sys
+
+    import trace_core.dispatcher as dispatcher
+
+    assert len(set(dispatcher.__all__)) == len(dispatcher.__all__)
+    for name in dispatcher.__all__:
+        assert hasattr(dispatcher, name), name
+    code = (
+        "import sys, trace_core.dispatcher; "
+        "print([m for m in ('pyspark', 'boto3', 'trace_lite', 'trace_aws') if m in sys.modules])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -133,9 +133,15 @@ class LeaseQueue:
             if leases:
                 return ClaimOutcome(leases[0])
             state = await t.inspect(self.queue, item_id)
-        return ClaimOutcome(None, self._refusal(state))
+        return ClaimOutcome(None, self.refusal_reason(state))
 
-    def _refusal(self, state: ItemState | None) -> NotClaimedReason:
+    def refusal_reason(self, state: ItemState | None) -> NotClaimedReason:
+        """Why an item in ``state`` cannot be claimed (``None``: there is no such item).
+
+        The reason :meth:`claim` gives when nothing was leased; callers that
+        refuse a claim themselves (a concurrency limit) use it for items that
+        are not claimable at all, so every refusal reads the same.
+        """
         q = self.queue
         if state is None:
             return NotClaimedReason.NOT_FOUND

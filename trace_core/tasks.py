@@ -102,17 +102,24 @@ class TaskQueue:
             )
         tx.notify(TASKS_CHANNEL)
 
-    async def claim(self, task_id: uuid.UUID, worker_id: str) -> ClaimOutcome:
-        """Claim one task by id (``/internal/task-claim``)."""
-        return await self.leases.claim(task_id, worker_id)
+    async def claim(
+        self, task_id: uuid.UUID, worker_id: str, *, lease_seconds: float | None = None
+    ) -> ClaimOutcome:
+        """Claim one task by id (``/internal/task-claim``).
 
-    async def claim_batch(self, worker_id: str, limit: int) -> list[Lease]:
-        """Claim up to ``limit`` queued tasks, oldest first."""
-        return await self.leases.claim_batch(worker_id, limit)
+        ``lease_seconds`` overrides the default lease (the job's heartbeat timeout).
+        """
+        return await self.leases.claim(task_id, worker_id, lease_seconds=lease_seconds)
 
-    async def heartbeat(self, fence: Fence) -> datetime:
-        """Extend the lease of the current attempt."""
-        return await self.leases.heartbeat(fence)
+    async def claim_batch(
+        self, worker_id: str, limit: int, *, lease_seconds: float | None = None
+    ) -> list[Lease]:
+        """Claim up to ``limit`` queued tasks in claim order (``queued_at``)."""
+        return await self.leases.claim_batch(worker_id, limit, lease_seconds=lease_seconds)
+
+    async def heartbeat(self, fence: Fence, *, lease_seconds: float | None = None) -> datetime:
+        """Extend the lease of the current attempt by ``lease_seconds`` (or the default)."""
+        return await self.leases.heartbeat(fence, lease_seconds=lease_seconds)
 
     async def complete(
         self,

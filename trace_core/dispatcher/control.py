@@ -10,7 +10,7 @@ and lease token) together, or neither.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -18,6 +18,7 @@ from typing import Any
 from trace_core.clock import Clock, SystemClock
 from trace_core.dispatcher.events import AcceptResult, DatasetEvent, EventGateway, Producer
 from trace_core.dispatcher.payload import task_payloads
+from trace_core.dispatcher.reaper import lease_seconds_for_task
 from trace_core.errors import NotFound
 from trace_core.leasing import FailOutcome
 from trace_core.model import ClaimOutcome, Fence
@@ -26,7 +27,10 @@ from trace_core.storage.protocol import Repository
 from trace_core.storage.sql import as_sql
 from trace_core.tasks import TaskQueue
 
-__all__ = ["ClaimedTask", "TaskControl"]
+__all__ = ["ClaimedTask", "Claimer", "TaskControl"]
+
+Claimer = Callable[[uuid.UUID, str], Awaitable[ClaimOutcome]]
+"""Claims one task by id for a worker."""
 
 
 @dataclass(frozen=True)
@@ -47,15 +51,19 @@ class TaskControl:
         clock: Clock | None = None,
         tasks: TaskQueue | None = None,
         gateway: EventGateway | None = None,
+        claim: Claimer | None = None,
     ) -> None:
         self.repo = repo
         self.clock = clock or SystemClock()
         self.tasks = tasks or TaskQueue(repo, clock=self.clock)
         self.gateway = gateway or EventGateway(repo, clock=self.clock)
+        self._claim = claim or self.tasks.claim
+        """The claim path; the Dispatcher passes its concurrency gate (limits and
+        per-job leases) here."""
 
     async def claim(self, task_id: uuid.UUID, worker_id: str) -> ClaimedTask:
         """Lease the task's next attempt and return its payload, or why not."""
-        outcome = await self.tasks.claim(task_id, worker_id)
+        outcome = await self._claim(task_id, worker_id)
         if outcome.lease is None:
             return ClaimedTask(outcome, None)
         return ClaimedTask(outcome, await self.fetch(task_id))
@@ -69,8 +77,11 @@ class TaskControl:
         return payloads[task_id]
 
     async def heartbeat(self, fence: Fence) -> datetime:
-        """Extend the current attempt's lease; :class:`StaleClaim` if it is not current."""
-        return await self.tasks.heartbeat(fence)
+        """Extend the current attempt's lease by the job's heartbeat timeout;
+        :class:`StaleClaim` if it is not current."""
+        async with self.repo.read() as tx:
+            lease = await lease_seconds_for_task(as_sql(tx).connection, _task_id(fence))
+        return await self.tasks.heartbeat(fence, lease_seconds=lease)
 
     async def emit(
         self, task_id: uuid.UUID, attempt: int, events: Sequence[DatasetEvent]

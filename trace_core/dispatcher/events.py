@@ -289,8 +289,11 @@ async def _upsert_events(
     """Insert new events, count redeliveries; the id of each and the new ids."""
     e = schema.events
     unique: dict[tuple[uuid.UUID, str], DatasetEvent] = {}
+    copies: dict[tuple[uuid.UUID, str], int] = {}
     for event in events:
-        unique.setdefault((event.dataset_version, event.unit_key), event)
+        key = (event.dataset_version, event.unit_key)
+        unique.setdefault(key, event)
+        copies[key] = copies.get(key, 0) + 1
     rows = [
         {
             "id": uuid.uuid4(),
@@ -306,7 +309,7 @@ async def _upsert_events(
             "producer_attempt": None if producer is None else producer.attempt,
             "received_at": now,
             "last_received_at": now,
-            "deliveries": 1,
+            "deliveries": copies[(ev.dataset_version, ev.unit_key)],
             "route_status": "pending",
             "tasks_created": 0,
             "tasks_existing": 0,
@@ -317,7 +320,7 @@ async def _upsert_events(
     stmt = insert.on_conflict_do_update(
         index_elements=[e.c.dataset_version, e.c.unit_key],
         set_={
-            "deliveries": e.c.deliveries + 1,
+            "deliveries": e.c.deliveries + insert.excluded.deliveries,
             "last_received_at": insert.excluded.last_received_at,
         },
     ).returning(e.c.id, e.c.dataset_version, e.c.unit_key, e.c.deliveries)
@@ -326,8 +329,8 @@ async def _upsert_events(
     fresh: set[uuid.UUID] = set()
     for row_id, version, unit_key, deliveries in result.all():
         by_key[(version, unit_key)] = row_id
-        if deliveries == 1:
+        # inserted now: its count is this request's copies; else it grew past them
+        if deliveries == copies[(version, unit_key)]:
             fresh.add(row_id)
     ids = [by_key[(ev.dataset_version, ev.unit_key)] for ev in events]
-    # An event repeated inside one request is a duplicate of its first copy.
     return ids, fresh

@@ -24,7 +24,7 @@ of every routing decision is stored on the event row (``route_detail``) for
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -34,11 +34,17 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from trace_core.clock import Clock, SystemClock
 from trace_core.dag.coverage import Coverage, covers, read_coverage
-from trace_core.dispatcher.topology import Dependent, InputEdge, live_pointers, reactive_dependents
+from trace_core.dispatcher.topology import (
+    Dependent,
+    InputEdge,
+    live_pointers,
+    reactive_dependents,
+    reactive_dependents_of,
+)
 from trace_core.outbox import Deferred
 from trace_core.storage import schema
-from trace_core.storage.protocol import NewTask, Repository
-from trace_core.storage.sql import as_sql
+from trace_core.storage.protocol import NewTask, Repository, TaskCreated
+from trace_core.storage.sql import SqlTransaction, as_sql
 from trace_core.tasks import TaskQueue
 
 __all__ = ["EventRouter", "RouteReport", "dedupe_key"]
@@ -120,32 +126,14 @@ class EventRouter:
         report = RouteReport()
         async with self.repo.transaction() as tx:
             st = as_sql(tx)
-            conn = st.connection
-            now = self.clock.now()
-            events = await _pending(conn, event_ids)
+            events = await _pending(st.connection, event_ids)
             report.events = len(events)
             if not events:
                 return report
-            dependents = await reactive_dependents(conn, {e.dataset_uuid for e in events})
-            live = await live_pointers(conn)
-            paused = await _paused(conn)
-            coverage = await read_coverage(
-                conn,
-                {
-                    edge.dataset_version
-                    for deps in dependents.values()
-                    for job, _ in deps
-                    for edge in job.inputs
-                },
-            )
-            plan = _Plan()
-            for event in events:
-                self._plan_event(event, dependents, paused, coverage, plan, report)
-            created = await self.tasks.create(list(plan.tasks.values()), tx=tx)
-            task_ids = {
-                key: c for key, c in zip(plan.tasks, created, strict=True)
-            }  # (job_id, dedupe_key) -> TaskCreated
-            await _insert_task_inputs(st, plan, task_ids)
+            plan = await self._plan(st, events, report, only_jobs=None)
+            task_ids = await self._create(st, plan)
+            live = await live_pointers(st.connection)
+            now = self.clock.now()
             updates = []
             for event in events:
                 detail = plan.outcomes.get(event.id, {})
@@ -178,8 +166,66 @@ class EventRouter:
                         "b_detail": detail or None,
                     }
                 )
-            await _update_events(conn, updates)
+            await _update_events(st.connection, updates)
         return report
+
+    async def replay(self, job_ids: Collection[uuid.UUID], *, batch: int = 500) -> RouteReport:
+        """Backfill: route every stored event of the pinned input versions of
+        ``job_ids`` to those jobs only, in batches of ``batch`` events.
+
+        A job that builds a new dataset version (a rematerialization) starts
+        from the history its inputs already have; dedupe keys make a replay
+        idempotent, so it is safe to repeat after a crash. Paused jobs are
+        counted as ``deferred``: replay again once they resume.
+        """
+        report = RouteReport()
+        wanted = set(job_ids)
+        after: tuple[datetime, uuid.UUID] | None = None
+        while True:
+            async with self.repo.transaction() as tx:
+                st = as_sql(tx)
+                versions = await _input_versions_of(st.connection, wanted)
+                events = await _history(st.connection, versions, after, batch)
+                if not events:
+                    return report
+                report.events += len(events)
+                plan = await self._plan(st, events, report, only_jobs=wanted)
+                task_ids = await self._create(st, plan)
+            report.tasks_created += sum(1 for c in task_ids.values() if c.created)
+            report.tasks_existing += sum(1 for c in task_ids.values() if not c.created)
+            report.deferred += sum(1 for o in plan.outcomes.values() if "paused" in o.values())
+            after = (events[-1].received_at, events[-1].id)
+
+    async def _plan(
+        self,
+        st: SqlTransaction,
+        events: Sequence[_Event],
+        report: RouteReport,
+        *,
+        only_jobs: Collection[uuid.UUID] | None,
+    ) -> _Plan:
+        conn = st.connection
+        dependents = await reactive_dependents(conn, {e.dataset_uuid for e in events})
+        if only_jobs is not None:
+            dependents = {
+                ds: [(job, edge) for job, edge in deps if job.job_id in only_jobs]
+                for ds, deps in dependents.items()
+            }
+        paused = await _paused(conn)
+        # every input of every dependent: a PerPartition join checks the others
+        inputs = {e.dataset_version for d in dependents.values() for j, _ in d for e in j.inputs}
+        coverage = await read_coverage(conn, inputs)
+        plan = _Plan()
+        for event in events:
+            self._plan_event(event, dependents, paused, coverage, plan, report)
+        return plan
+
+    async def _create(self, st: SqlTransaction, plan: _Plan) -> dict[Any, TaskCreated]:
+        """Create the planned tasks (with their wake-ups) and their task_inputs rows."""
+        created = await self.tasks.create(list(plan.tasks.values()), tx=st)
+        task_ids = dict(zip(plan.tasks, created, strict=True))
+        await _insert_task_inputs(st, plan, task_ids)
+        return task_ids
 
     def _plan_event(
         self,
@@ -288,13 +334,52 @@ async def _pending(conn: AsyncConnection, event_ids: Sequence[uuid.UUID]) -> lis
     return [_Event(*row) for row in rows]
 
 
+async def _input_versions_of(conn: AsyncConnection, job_ids: set[uuid.UUID]) -> set[uuid.UUID]:
+    deps = await reactive_dependents_of(conn, job_ids)
+    return {edge.dataset_version for job in deps for edge in job.inputs}
+
+
+async def _history(
+    conn: AsyncConnection,
+    versions: set[uuid.UUID],
+    after: tuple[datetime, uuid.UUID] | None,
+    limit: int,
+) -> list[_Event]:
+    """Stored events of ``versions`` in (received_at, id) order, after a keyset mark."""
+    if not versions:
+        return []
+    e = schema.events
+    stmt = sa.select(
+        e.c.id,
+        e.c.dataset_uuid,
+        e.c.dataset_version,
+        e.c.unit_key,
+        e.c.cursor,
+        e.c.partition_key,
+        e.c.range_start,
+        e.c.range_end,
+        e.c.received_at,
+    ).where(e.c.dataset_version.in_(versions))
+    if after is not None:
+        stmt = stmt.where(
+            sa.or_(
+                e.c.received_at > after[0],
+                sa.and_(e.c.received_at == after[0], e.c.id > after[1]),
+            )
+        )
+    rows = await conn.execute(stmt.order_by(e.c.received_at, e.c.id).limit(limit))
+    return [_Event(*row) for row in rows]
+
+
 async def _paused(conn: AsyncConnection) -> set[uuid.UUID]:
     s = schema.job_states
     rows = await conn.execute(sa.select(s.c.job_id).where(s.c.paused.is_(True)))
     return {r[0] for r in rows}
 
 
-async def _insert_task_inputs(st: Any, plan: _Plan, task_ids: Mapping[Any, Any]) -> None:
+async def _insert_task_inputs(
+    st: SqlTransaction, plan: _Plan, task_ids: Mapping[Any, TaskCreated]
+) -> None:
     rows = [
         {
             "task_id": task_ids[key].task_id,

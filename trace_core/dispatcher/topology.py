@@ -14,10 +14,16 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from trace_core.dag import live_jobs
+from trace_core.dag import LiveJob, live_jobs
 from trace_core.storage import schema
 
-__all__ = ["Dependent", "InputEdge", "live_pointers", "reactive_dependents"]
+__all__ = [
+    "Dependent",
+    "InputEdge",
+    "live_pointers",
+    "reactive_dependents",
+    "reactive_dependents_of",
+]
 
 
 @dataclass(frozen=True)
@@ -42,6 +48,20 @@ class Dependent:
     priority_tier: str
 
 
+def _dependent(job: LiveJob) -> Dependent:
+    return Dependent(
+        job_id=job.job_id,
+        job_name=job.job_name,
+        dag_name=job.dag_name,
+        execution_strategy=job.execution_strategy or "PerUpdate",
+        inputs=tuple(
+            InputEdge(ds, job.input_pointers[ds], job.where.get(ds)) for ds in job.input_datasets
+        ),
+        max_attempts=job.max_attempts,
+        priority_tier=job.priority_tier,
+    )
+
+
 async def reactive_dependents(
     conn: AsyncConnection, dataset_uuids: set[uuid.UUID]
 ) -> dict[uuid.UUID, list[tuple[Dependent, InputEdge]]]:
@@ -50,22 +70,20 @@ async def reactive_dependents(
     for job in await live_jobs(conn):
         if job.activation != "reactive" or not job.input_datasets:
             continue
-        edges = tuple(
-            InputEdge(ds, job.input_pointers[ds], job.where.get(ds)) for ds in job.input_datasets
-        )
-        dependent = Dependent(
-            job_id=job.job_id,
-            job_name=job.job_name,
-            dag_name=job.dag_name,
-            execution_strategy=job.execution_strategy or "PerUpdate",
-            inputs=edges,
-            max_attempts=job.max_attempts,
-            priority_tier=job.priority_tier,
-        )
-        for edge in edges:
+        dependent = _dependent(job)
+        for edge in dependent.inputs:
             if edge.dataset_uuid in dataset_uuids:
                 found.setdefault(edge.dataset_uuid, []).append((dependent, edge))
     return found
+
+
+async def reactive_dependents_of(conn: AsyncConnection, job_ids: set[uuid.UUID]) -> list[Dependent]:
+    """The live reactive jobs among ``job_ids``."""
+    return [
+        _dependent(job)
+        for job in await live_jobs(conn)
+        if job.job_id in job_ids and job.activation == "reactive" and job.input_datasets
+    ]
 
 
 async def live_pointers(conn: AsyncConnection) -> set[uuid.UUID]:

@@ -1,0 +1,295 @@
+"""Concurrency limits: ``scaling.max_concurrency`` enforced when a task is claimed.
+
+A claim of a limited job's task is one transaction: lock the job, count its
+``Running`` tasks, and claim only below the limit; otherwise the answer is
+``NotClaimedReason.CONCURRENCY_LIMIT`` (the wake-up is retried later) and the
+wait is journaled, at most once per job per ``journal_interval_seconds``.
+
+Race-freedom. On SQLite every write transaction holds the database's single
+write lock from ``BEGIN IMMEDIATE``, so count-then-claim is already atomic.
+On Postgres (READ COMMITTED) two claimers could both count 1 of 2 and both
+claim; so claims of the same limited job are serialized on that job's
+``job_states`` row (``SELECT ... FOR UPDATE``, the row created on first use,
+both through the shared helpers of :mod:`trace_core.dispatcher.job_states`).
+The count runs after the lock is granted, in a fresh snapshot that sees the
+previous holder's committed claim.
+
+Deadlock-freedom on Postgres: every path here takes ``job_states`` locks
+first, several of them in job id order (as the backpressure monitor writes
+them), and only then touches task rows; batch claims lock their candidate
+tasks with ``SKIP LOCKED``, which never waits.
+
+Every claim of tasks that may belong to a limited job must go through this
+gate (the task-claim endpoint and poll-driven workers); a plain
+:meth:`TaskQueue.claim` does not look at limits. Jobs without a limit take the
+plain path: one read of the task's job (its limits are cached: ``jobs`` rows
+are immutable within a DAG version) and the claim itself.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from trace_core.dispatcher import journal
+from trace_core.dispatcher.job_states import by_job_id, ensure_job_states, lock_job_states
+from trace_core.errors import ConfigurationError
+from trace_core.model import TASKS, ClaimOutcome, Lease, NotClaimedReason
+from trace_core.storage import schema
+from trace_core.storage.sql import SqlRepository, SqlTransaction
+from trace_core.storage.sql_leasing import status_in
+from trace_core.tasks import TaskQueue
+
+__all__ = [
+    "CONCURRENCY_WAIT",
+    "ConcurrencyConfig",
+    "ConcurrencyGate",
+    "JobLimits",
+    "count_in_flight_by_operator",
+    "count_running",
+]
+
+CONCURRENCY_WAIT = "concurrency_wait"
+"""Journal kind of a claim refused at the job's concurrency limit."""
+
+
+@dataclass(frozen=True)
+class ConcurrencyConfig:
+    """Gate settings."""
+
+    journal_interval_seconds: float = 60.0
+    """At most one ``concurrency_wait`` journal entry per job per interval (per gate)."""
+    batch_scan_factor: int = 4
+    """A batch claim of ``limit`` tasks looks at up to ``limit * factor`` of the
+    oldest queued tasks, so tasks of jobs at their limit do not starve the rest."""
+
+    def __post_init__(self) -> None:
+        if self.journal_interval_seconds < 0:
+            raise ConfigurationError("ConcurrencyConfig.journal_interval_seconds must be >= 0")
+        if self.batch_scan_factor < 1:
+            raise ConfigurationError("ConcurrencyConfig.batch_scan_factor must be >= 1")
+
+
+@dataclass(frozen=True)
+class JobLimits:
+    """The claim-time settings of one job."""
+
+    max_concurrency: int | None = None
+    """``scaling.max_concurrency``; ``None`` = unlimited."""
+    lease_seconds: float | None = None
+    """The job's heartbeat timeout as the lease length; ``None`` = the queue default."""
+
+    @classmethod
+    def from_row(cls, job_id: uuid.UUID, scaling: Any, heartbeat_timeout: int | None) -> JobLimits:
+        """Read ``jobs.scaling`` and ``jobs.heartbeat_timeout_seconds``."""
+        limit = scaling.get("max_concurrency") if isinstance(scaling, Mapping) else None
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)):
+            raise ConfigurationError(
+                f"job {job_id}: scaling.max_concurrency must be an integer, got {limit!r}"
+            )
+        if limit is not None and limit < 1:
+            raise ConfigurationError(
+                f"job {job_id}: scaling.max_concurrency must be >= 1, got {limit}"
+            )
+        lease = float(heartbeat_timeout) if heartbeat_timeout else None
+        return cls(limit, lease)
+
+
+async def count_running(
+    conn: AsyncConnection, job_ids: Collection[uuid.UUID] | None = None
+) -> dict[uuid.UUID, int]:
+    """``Running`` tasks per job (of ``job_ids``, or of every job), one grouped query."""
+    t = schema.tasks
+    stmt = sa.select(t.c.job_id, sa.func.count()).where(status_in(t.c.status, "Running"))
+    if job_ids is not None:
+        if not job_ids:
+            return {}
+        stmt = stmt.where(t.c.job_id.in_(list(job_ids)))
+    rows = await conn.execute(stmt.group_by(t.c.job_id))
+    return {job_id: int(n) for job_id, n in rows}
+
+
+async def count_in_flight_by_operator(conn: AsyncConnection) -> dict[str, int]:
+    """``Running`` tasks per operator (scaling control), one grouped query."""
+    t, j = schema.tasks, schema.jobs
+    rows = await conn.execute(
+        sa.select(j.c.operator, sa.func.count())
+        .select_from(t.join(j, j.c.id == t.c.job_id))
+        .where(status_in(t.c.status, "Running"))
+        .group_by(j.c.operator)
+    )
+    return {operator: int(n) for operator, n in rows}
+
+
+class ConcurrencyGate:
+    """Claims tasks without exceeding any job's ``scaling.max_concurrency``."""
+
+    def __init__(self, tasks: TaskQueue, *, config: ConcurrencyConfig | None = None) -> None:
+        if not isinstance(tasks.repo, SqlRepository):
+            raise ConfigurationError("ConcurrencyGate needs a TaskQueue on a SqlRepository")
+        self.tasks = tasks
+        self.repo: SqlRepository = tasks.repo
+        self.clock = tasks.clock
+        self.config = config or ConcurrencyConfig()
+        self._limits: dict[uuid.UUID, JobLimits] = {}
+        self._journaled: dict[uuid.UUID, datetime] = {}
+
+    async def job_limits(self, job_ids: Iterable[uuid.UUID]) -> dict[uuid.UUID, JobLimits]:
+        """The limits of ``job_ids`` (cached; read once per job)."""
+        ids = set(job_ids)
+        if ids - self._limits.keys():
+            async with self.repo.read() as tx:
+                await self._load_limits(tx.connection, ids)
+        return {job_id: self._limits[job_id] for job_id in ids if job_id in self._limits}
+
+    async def _load_limits(self, conn: AsyncConnection, job_ids: Iterable[uuid.UUID]) -> None:
+        missing = [job_id for job_id in set(job_ids) if job_id not in self._limits]
+        if not missing:
+            return
+        j = schema.jobs
+        rows = await conn.execute(
+            sa.select(j.c.id, j.c.scaling, j.c.heartbeat_timeout_seconds).where(j.c.id.in_(missing))
+        )
+        for job_id, scaling, heartbeat in rows:
+            self._limits[job_id] = JobLimits.from_row(job_id, scaling, heartbeat)
+
+    async def claim(self, task_id: uuid.UUID, worker_id: str) -> ClaimOutcome:
+        """Claim one task by id (wake-up driven), or say why not.
+
+        ``CONCURRENCY_LIMIT`` only for a claimable (``Queued``) task of a job
+        at its limit; any other refusal is the plain claim's.
+        """
+        t = schema.tasks
+        async with self.repo.transaction() as tx:
+            conn = tx.connection
+            job_id = (
+                await conn.execute(sa.select(t.c.job_id).where(t.c.id == task_id))
+            ).scalar_one_or_none()
+            if job_id is None:
+                return ClaimOutcome(None, NotClaimedReason.NOT_FOUND)
+            await self._load_limits(conn, [job_id])
+            limits = self._limits[job_id]
+            if limits.max_concurrency is not None:
+                await self._lock_jobs(tx, [job_id])
+                running = (await count_running(conn, [job_id])).get(job_id, 0)
+                if running >= limits.max_concurrency:
+                    state = await tx.inspect(TASKS, task_id)
+                    if state is None or state.status != TASKS.ready:
+                        return ClaimOutcome(None, self.tasks.leases.refusal_reason(state))
+                    await self._journal_wait(conn, job_id, running, limits.max_concurrency)
+                    return ClaimOutcome(None, NotClaimedReason.CONCURRENCY_LIMIT)
+            return await self.tasks.leases.claim(
+                task_id, worker_id, tx=tx, lease_seconds=limits.lease_seconds
+            )
+
+    async def claim_batch(self, worker_id: str, limit: int) -> list[Lease]:
+        """Claim up to ``limit`` queued tasks, oldest first (claim order), poll driven.
+
+        Never takes a job past its limit; tasks of jobs at their limit are
+        skipped, not waited for.
+        """
+        max_batch = self.tasks.leases.config.max_batch
+        if not 1 <= limit <= max_batch:
+            raise ConfigurationError(f"claim limit must be within 1..{max_batch}, got {limit}")
+        t = schema.tasks
+        async with self.repo.transaction() as tx:
+            conn = tx.connection
+            running = await count_running(conn)
+            await self._load_limits(conn, running)
+            full = [
+                job_id
+                for job_id, n in running.items()
+                if (cap := self._limits[job_id].max_concurrency) is not None and n >= cap
+            ]
+            pick = sa.select(t.c.id, t.c.job_id).where(status_in(t.c.status, "Queued"))
+            if full:
+                pick = pick.where(t.c.job_id.not_in(full))
+            pick = pick.order_by(t.c.queued_at, t.c.id).limit(limit * self.config.batch_scan_factor)
+            candidates: list[tuple[uuid.UUID, uuid.UUID]] = [
+                (row[0], row[1]) for row in await conn.execute(pick)
+            ]
+            await self._load_limits(conn, {job_id for _, job_id in candidates})
+            limited = {
+                job_id
+                for _, job_id in candidates
+                if self._limits[job_id].max_concurrency is not None
+            }
+            if limited:
+                await self._lock_jobs(tx, limited)
+                running.update(await count_running(conn, limited))  # counted under the locks
+            capacity = {
+                job_id: (self._limits[job_id].max_concurrency or 0) - running.get(job_id, 0)
+                for job_id in limited
+            }
+            if tx.engine_name == "postgres" and candidates:
+                # Take the candidates we may claim so concurrent pollers skip
+                # them instead of queueing behind our claims.
+                locked = set(
+                    (
+                        await conn.execute(
+                            sa.select(t.c.id)
+                            .where(
+                                t.c.id.in_([task_id for task_id, _ in candidates]),
+                                status_in(t.c.status, "Queued"),
+                            )
+                            .with_for_update(skip_locked=True)
+                        )
+                    ).scalars()
+                )
+                candidates = [c for c in candidates if c[0] in locked]
+            leases: list[Lease] = []
+            for task_id, job_id in candidates:
+                if len(leases) >= limit:
+                    break
+                if job_id in capacity and capacity[job_id] <= 0:
+                    continue
+                outcome = await self.tasks.leases.claim(
+                    task_id, worker_id, tx=tx, lease_seconds=self._limits[job_id].lease_seconds
+                )
+                if outcome.lease is not None:
+                    leases.append(outcome.lease)
+                    if job_id in capacity:
+                        capacity[job_id] -= 1
+            return leases
+
+    async def in_flight_by_operator(self) -> dict[str, int]:
+        """``Running`` tasks per operator."""
+        async with self.repo.read() as tx:
+            return await count_in_flight_by_operator(tx.connection)
+
+    async def _lock_jobs(self, tx: SqlTransaction, job_ids: Iterable[uuid.UUID]) -> None:
+        """Serialize claims of these jobs until ``tx`` ends (Postgres; SQLite already is)."""
+        if tx.engine_name != "postgres":
+            return
+        now = self.clock.now()
+        # One row at a time, in lock order, its creation included: a row this
+        # transaction inserts is held like a locked one, so creating every
+        # missing row first and locking afterwards could take them out of order.
+        for job_id in by_job_id(job_ids):
+            await ensure_job_states(tx, [job_id], now=now)
+            await lock_job_states(tx, [job_id])
+
+    async def _journal_wait(
+        self, conn: AsyncConnection, job_id: uuid.UUID, running: int, limit: int
+    ) -> None:
+        now = self.clock.now()
+        last = self._journaled.get(job_id)
+        if last is not None and now - last < timedelta(
+            seconds=self.config.journal_interval_seconds
+        ):
+            return
+        self._journaled[job_id] = now
+        await journal.record(
+            conn,
+            job_id,
+            CONCURRENCY_WAIT,
+            f"claim refused: {running} tasks running, max_concurrency {limit}",
+            now=now,
+            detail={"running": running, "max_concurrency": limit},
+        )

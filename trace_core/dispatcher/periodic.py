@@ -1,0 +1,82 @@
+"""The loop shared by the Dispatcher's sweepers: ``run_once()`` on an interval.
+
+The reaper, the retry scheduler, the source supervisor, cron, the idle
+scaler, the version promoter and the backpressure monitor are all a
+:class:`PeriodicService`: one pass is :meth:`~PeriodicService.run_once` (what
+tests and ``Dispatcher.run_once`` call), the loop repeats it until stopped.
+"""
+
+from __future__ import annotations
+
+import logging
+from abc import ABC, abstractmethod
+from typing import Any
+
+import anyio
+import anyio.abc
+
+from trace_core.errors import ConfigurationError
+
+__all__ = ["PeriodicService", "require_positive"]
+
+log = logging.getLogger(__name__)
+
+
+def require_positive(name: str, value: float) -> None:
+    """Raise :class:`ConfigurationError` ``"{name} must be > 0"`` unless ``value > 0``."""
+    if value <= 0:
+        raise ConfigurationError(f"{name} must be > 0")
+
+
+class PeriodicService(ABC):
+    """The shape of every Dispatcher sweeper: ``run_once()`` on an interval.
+
+    ``start(task_group)`` runs the loop, ``stop()`` ends it after the current
+    pass. A failing pass is logged and retried on the next tick: a transient
+    database error must not end the Dispatcher's reaper for good.
+    """
+
+    def __init__(self, interval_seconds: float) -> None:
+        self._interval = interval_seconds
+        # anyio primitives are made inside the loop: a service may be built
+        # before any event loop runs (configuration, tests).
+        self._stop_requested = False
+        self._waiting: anyio.CancelScope | None = None
+        self._stopped: anyio.Event | None = None
+
+    def stopping(self) -> bool:
+        """Whether :meth:`stop` was called (a call: it changes while ``run`` awaits)."""
+        return self._stop_requested
+
+    @abstractmethod
+    async def run_once(self) -> Any:
+        """One pass; tests call this directly."""
+
+    async def run(self) -> None:
+        """Call :meth:`run_once` every interval until :meth:`stop`."""
+        self._stopped = anyio.Event()
+        try:
+            while not self.stopping():
+                try:
+                    await self.run_once()
+                except Exception:
+                    log.exception("%s pass failed; retrying next tick", type(self).__name__)
+                if self.stopping():
+                    break
+                with anyio.CancelScope() as self._waiting:
+                    await anyio.sleep(self._interval)
+                self._waiting = None
+        finally:
+            self._stopped.set()
+
+    async def start(self, task_group: anyio.abc.TaskGroup) -> None:
+        """Run :meth:`run` in ``task_group``."""
+        task_group.start_soon(self.run)
+
+    async def stop(self) -> None:
+        """Ask the loop to exit after its current pass; wait for it if it runs."""
+        self._stop_requested = True
+        if self._waiting is not None:
+            self._waiting.cancel()
+        if self._stopped is not None:
+            await self._stopped.wait()

@@ -1,0 +1,280 @@
+"""The reaper: attempts that stopped heartbeating or ran too long become ``Failed``.
+
+Two rules, both ending in the core's retry policy (backoff while the task's
+attempts remain, terminal ``Failed`` when they are exhausted):
+
+- **Lease expiry.** A ``Running`` task whose lease ran out is failed with
+  ``"lease expired: no heartbeat within N s"``. The lease length is the job's
+  ``heartbeat_timeout_seconds``: the claim and heartbeat of a task of that job
+  pass :func:`lease_seconds_for` as ``lease_seconds`` (``None`` = the queue's
+  default), so expiry needs no per-job logic here.
+- **Attempt timeout.** A ``Running`` attempt whose ``started_at`` is older than
+  its job's ``timeout_seconds`` is failed through the fenced
+  :meth:`~trace_core.tasks.TaskQueue.fail`, however well it heartbeats. If the
+  worker finished (or the attempt was reclaimed or canceled) between the scan
+  and the write, the fenced write refuses and the attempt is left alone.
+
+Every terminal failure is journaled for ``explain``.
+"""
+
+from __future__ import annotations
+
+import random
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, Protocol
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from trace_core.clock import Clock, SystemClock
+from trace_core.dispatcher.journal import record
+from trace_core.dispatcher.periodic import PeriodicService, require_positive
+from trace_core.errors import ConfigurationError, InvalidTransition, StaleClaim
+from trace_core.model import TASKS, Fence
+from trace_core.retry import RetryClass
+from trace_core.storage import schema
+from trace_core.storage.sql import SqlRepository, as_sql
+from trace_core.tasks import TaskQueue
+
+__all__ = [
+    "ReapReport",
+    "Reaper",
+    "ReaperConfig",
+    "lease_seconds_for",
+    "lease_seconds_for_task",
+]
+
+
+@dataclass(frozen=True)
+class ReaperConfig:
+    """Reaper settings."""
+
+    interval_seconds: float = 5.0
+    """Time between passes; an expired lease waits at most this long past expiry."""
+    batch_size: int = 500
+    """Upper bound on the expired leases, and on the timed-out attempts, per pass."""
+
+    def __post_init__(self) -> None:
+        require_positive("ReaperConfig.interval_seconds", self.interval_seconds)
+        if not 1 <= self.batch_size <= 10_000:
+            raise ConfigurationError("ReaperConfig.batch_size must be within 1..10000")
+
+
+@dataclass
+class ReapReport:
+    """What one reaper pass did."""
+
+    expired: int = 0
+    """Attempts failed because their lease expired."""
+    timed_out: int = 0
+    """Attempts failed because they ran longer than their job's timeout."""
+    retried: int = 0
+    """Of those, how many have a retry scheduled."""
+    dead_lettered: list[uuid.UUID] = field(default_factory=list)
+    """Tasks failed terminally (attempts exhausted)."""
+    raced: int = 0
+    """Timed-out attempts that finished or heartbeated meanwhile (left alone)."""
+
+
+class _HeartbeatTimeout(Protocol):
+    @property
+    def heartbeat_timeout_seconds(self) -> int | None: ...
+
+
+def lease_seconds_for(job: _HeartbeatTimeout) -> float | None:
+    """The lease length of tasks of ``job``: its ``heartbeat_timeout_seconds``.
+
+    The claim path passes this as ``lease_seconds`` to
+    :meth:`~trace_core.leasing.LeaseQueue.claim` / ``claim_batch`` and to every
+    :meth:`~trace_core.leasing.LeaseQueue.heartbeat` of a task of that job;
+    ``None`` means the queue's default lease.
+    """
+    value = job.heartbeat_timeout_seconds
+    return float(value) if value else None
+
+
+async def lease_seconds_for_task(conn: AsyncConnection, task_id: uuid.UUID) -> float | None:
+    """:func:`lease_seconds_for` the job of ``task_id`` (for a heartbeat that
+    knows only the task); ``None`` also when the task does not exist."""
+    t, j = schema.tasks, schema.jobs
+    value = (
+        await conn.execute(
+            sa.select(j.c.heartbeat_timeout_seconds)
+            .join(t, t.c.job_id == j.c.id)
+            .where(t.c.id == task_id)
+        )
+    ).scalar()
+    return float(value) if value else None
+
+
+def _seconds(value: float) -> str:
+    return f"{value:g}"
+
+
+class Reaper(PeriodicService):
+    """Fails expired leases and timed-out attempts; see the module docstring."""
+
+    def __init__(
+        self,
+        repo: SqlRepository,
+        *,
+        clock: Clock | None = None,
+        config: ReaperConfig | None = None,
+        tasks: TaskQueue | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.config = config or ReaperConfig()
+        super().__init__(self.config.interval_seconds)
+        self.repo = repo
+        self.clock = clock or (tasks.clock if tasks is not None else SystemClock())
+        self.tasks = tasks or TaskQueue(repo, clock=self.clock)
+        """Its lease config (the default lease) and retry policy are the ones used."""
+        self._rng = rng or random.Random()
+
+    async def run_once(self) -> ReapReport:
+        """Fail expired leases, then timed-out attempts; what was done."""
+        report = ReapReport()
+        await self._reap_expired(report)
+        await self._reap_timed_out(report)
+        return report
+
+    async def _reap_expired(self, report: ReapReport) -> None:
+        # This is TaskQueue.reclaim_expired() with the reason spelled out: the
+        # same fenced "fail only if still expired" update per lease (a worker
+        # that heartbeats between the scan and the update keeps its lease).
+        now = self.clock.now()
+        retry = self.tasks.leases.retry
+        async with self.repo.transaction() as t:
+            st = as_sql(t)
+            fences = await t.expired(TASKS, now=now, limit=self.config.batch_size)
+            if not fences:
+                return
+            info = await _lease_info(st.connection, [f.item_id for f in fences])
+            for fence in fences:
+                job_id, lease = info[fence.item_id]
+                if lease is None:
+                    lease = self.tasks.leases.config.lease_seconds
+                attempt = max(1, fence.attempt)
+                decision = retry.decide(
+                    RetryClass.RETRYABLE,
+                    attempt=attempt,
+                    max_attempts=attempt + 1,  # the row's own max_attempts decides in SQL
+                    now=now,
+                    rng=self._rng,
+                )
+                reason = f"lease expired: no heartbeat within {_seconds(lease)} s"
+                result = await t.fail(
+                    TASKS,
+                    fence,
+                    now=now,
+                    retryable=decision.retry,
+                    retry_at=decision.retry_at,
+                    error=reason,
+                    expired_before=now,
+                )
+                if result is None:
+                    continue  # heartbeated or finished since the scan
+                report.expired += 1
+                if result[1]:
+                    report.retried += 1
+                else:
+                    report.dead_lettered.append(uuid.UUID(str(fence.item_id)))
+                    await _journal_dead(st.connection, job_id, fence, reason, now)
+
+    async def _reap_timed_out(self, report: ReapReport) -> None:
+        now = self.clock.now()
+        async with self.repo.read() as t:
+            rows = await _timed_out(as_sql(t).connection, now, self.config.batch_size)
+        for task_id, attempt, token, job_id, timeout in rows:
+            fence = Fence(task_id, attempt, token, None)
+            reason = f"timeout: attempt ran longer than {timeout} s"
+            try:
+                async with self.repo.transaction() as t:
+                    outcome = await self.tasks.fail(fence, reason, tx=t)
+                    if not outcome.retrying:
+                        await _journal_dead(as_sql(t).connection, job_id, fence, reason, now)
+            except (StaleClaim, InvalidTransition):
+                # The worker finished, or the attempt was reclaimed or canceled,
+                # between the scan and this fenced write: nothing to time out.
+                report.raced += 1
+                continue
+            report.timed_out += 1
+            if outcome.retrying:
+                report.retried += 1
+            else:
+                report.dead_lettered.append(task_id)
+
+
+async def _lease_info(
+    conn: AsyncConnection, task_ids: list[Any]
+) -> dict[Any, tuple[uuid.UUID, float | None]]:
+    """Per task: its job and the lease it was given (expiry minus last heartbeat)."""
+    t = schema.tasks
+    rows = await conn.execute(
+        sa.select(t.c.id, t.c.job_id, t.c.last_heartbeat, t.c.lease_expires_at).where(
+            t.c.id.in_(task_ids)
+        )
+    )
+    info: dict[Any, tuple[uuid.UUID, float | None]] = {}
+    for task_id, job_id, beat, expires in rows:
+        # Both are written from the same clock reading at claim and heartbeat,
+        # so their difference is the lease the worker actually held.
+        lease = (expires - beat).total_seconds() if beat and expires else None
+        info[task_id] = (job_id, lease)
+    return info
+
+
+async def _timed_out(
+    conn: AsyncConnection, now: datetime, limit: int
+) -> list[tuple[uuid.UUID, int, uuid.UUID, uuid.UUID, int]]:
+    """Running attempts older than their job's ``timeout_seconds``, oldest first."""
+    t, j = schema.tasks, schema.jobs
+    running = t.c.status == sa.literal_column("'Running'")
+    # One cutoff per distinct timeout keeps the comparison a plain timestamp
+    # bind on both engines (no interval arithmetic in SQL).
+    timeouts = (
+        (
+            await conn.execute(
+                sa.select(j.c.timeout_seconds)
+                .join(t, t.c.job_id == j.c.id)
+                .where(running, j.c.timeout_seconds.is_not(None), j.c.timeout_seconds > 0)
+                .distinct()
+            )
+        )
+        .scalars()
+        .all()
+    )
+    if not timeouts:
+        return []
+    older = sa.or_(
+        *(
+            sa.and_(
+                j.c.timeout_seconds == n,
+                t.c.started_at < now - timedelta(seconds=n),
+            )
+            for n in timeouts
+        )
+    )
+    rows = await conn.execute(
+        sa.select(t.c.id, t.c.attempt, t.c.lease_token, t.c.job_id, j.c.timeout_seconds)
+        .join(j, j.c.id == t.c.job_id)
+        .where(running, t.c.lease_token.is_not(None), older)
+        .order_by(t.c.started_at)
+        .limit(limit)
+    )
+    return [(r[0], r[1], r[2], r[3], r[4]) for r in rows]
+
+
+async def _journal_dead(
+    conn: AsyncConnection, job_id: uuid.UUID, fence: Fence, reason: str, now: datetime
+) -> None:
+    await record(
+        conn,
+        job_id,
+        "task_dead",
+        f"task {fence.item_id} failed terminally on attempt {fence.attempt}: {reason}",
+        now=now,
+        detail={"task_id": str(fence.item_id), "attempt": fence.attempt, "reason": reason},
+    )
