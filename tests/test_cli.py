@@ -57,3 +57,48 @@ def test_readme_example_runs(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "trace.db").exists()
+
+
+MANUAL_DAG = """
+dag: ops
+jobs:
+  - name: kick
+    activation: source
+    runtime: ecs_platform
+    operator: block_follower
+    source: { kind: manual }
+    outputs: [ { dataset: kicks } ]
+  - name: react
+    activation: reactive
+    runtime: ecs_platform
+    operator: range_aggregator
+    execution_strategy: PerUpdate
+    inputs: [ { from: { dataset: kicks } } ]
+    outputs: [ { dataset: reacted } ]
+"""
+
+
+def test_trigger_explain_and_metrics(
+    database_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    dag_file = tmp_path / "ops.yaml"
+    dag_file.write_text(MANUAL_DAG)
+    assert main(["dag", "deploy", str(dag_file), "--db", database_url]) == 0
+    capsys.readouterr()
+    assert main(["trigger", "kick", "--key", "run-1", "--db", database_url]) == 0
+    first = capsys.readouterr().out
+    assert main(["trigger", "ops/kick", "--key", "run-1", "--db", database_url]) == 0
+    again = capsys.readouterr().out
+    assert first.split(":")[0] == again.split(":")[0]  # the same task, once
+    assert "created" in first and "already exists" in again
+
+    assert main(["metrics", "--db", database_url]) == 0
+    assert 'trace_job_queue_depth{dag="ops",job="kick"} 1' in capsys.readouterr().out
+
+    assert main(["explain", "ops", "react", "--db", database_url]) == 0
+    out = capsys.readouterr().out
+    assert "ops/react (reactive" in out and "no events have arrived on its inputs" in out
+    assert main(["explain", "ops", "nope", "--db", database_url]) == 1
+    assert "no job 'nope' in DAG 'ops'" in capsys.readouterr().err
+    assert main(["trigger", "kick", "--event", "{bad", "--db", database_url]) == 2
+    assert "--event is not JSON" in capsys.readouterr().out

@@ -30,6 +30,7 @@ from trace_core.storage.sql import SqlRepository
 from trace_core.storage.url import parse_database_url
 from trace_core.tasks import TaskQueue
 from trace_lite.demo import DemoConfig, run_demo
+from trace_lite.ops_commands import OPS_COMMANDS, add_ops_commands, run_ops_command
 
 __all__ = ["main"]
 
@@ -96,6 +97,7 @@ def _parser() -> argparse.ArgumentParser:
     back.add_argument("dag_name")
     back.add_argument("--db", help=db_help)
     back.add_argument("--org", default="default", help="org slug (default 'default')")
+    add_ops_commands(sub, db_help)
     return parser
 
 
@@ -198,6 +200,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return anyio.run(_dag_deploy, args, url)
         if args.command == "dag" and args.dag_command == "rollback":
             return anyio.run(_dag_rollback, args, url)
+        if args.command in OPS_COMMANDS:
+            return anyio.run(run_ops_command, args, url)
         if args.command == "db" and args.db_command == "upgrade":
             print(f"upgraded to {upgrade(url)} (head {head_revision()})")
         elif args.command == "db" and args.db_command == "check":
