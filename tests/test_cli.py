@@ -49,14 +49,30 @@ def test_demo_finishes_every_task(database_url: str) -> None:
     assert summary["tasks_by_status"] == {"Completed": 30}
 
 
-def test_readme_example_runs(tmp_path: Path) -> None:
-    readme = (ROOT / "README.md").read_text()
-    [code] = re.findall(r"```python\n(.*?)```", readme, flags=re.S)
+README_BLOCKS = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.S)
+
+
+@pytest.mark.parametrize("index", range(len(README_BLOCKS)))
+def test_readme_examples_run(index: int, tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", README_BLOCKS[index]],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert list(tmp_path.glob("*.db")), "each example works on a SQLite file"
+
+
+def test_readme_dispatcher_example_routes_each_unit_once(tmp_path: Path) -> None:
+    [code] = [block for block in README_BLOCKS if "Dispatcher(" in block]
     done = subprocess.run(
         [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0, done.stderr
-    assert (tmp_path / "trace.db").exists()
+    assert sorted(re.findall(r"doubling cursor (\d+)", done.stdout)) == ["1", "2", "3"]
+    assert "hello/double" in done.stdout and "tasks: Completed 3" in done.stdout
 
 
 MANUAL_DAG = """
