@@ -168,3 +168,40 @@ async def test_rollback_cancels_the_abandoned_versions_tasks(
     assert {r.status for r in await _tasks(repo, v2.jobs["scale"])} == {"Canceled"}
     assert {r.status for r in await _tasks(repo, v1.jobs["scale"])} == {"Completed"}
     assert await _current(repo) == v1.dag_version_id
+
+
+async def test_always_on_source_runs_in_process_and_feeds_the_dag(
+    repo: SqlRepository, clock: ManualClock
+) -> None:
+    seen: list[str] = []
+
+    async def pulse(ctx: TaskContext) -> OperatorResult:
+        """A finite source: asks for its directive, emits one block range, returns."""
+        seen.append(await ctx.directive())
+        out = ctx.outputs[0]
+        await ctx.emit(
+            [
+                DatasetEvent(
+                    uuid.UUID(out["dataset_uuid"]),
+                    uuid.UUID(out["dataset_version"]),
+                    partition_key="0-9",
+                    start=0,
+                    end=9,
+                )
+            ]
+        )
+        return OperatorResult()
+
+    operators = OperatorRegistry([OperatorSpec("relay", _relay), OperatorSpec("pulse", pulse)])
+    text = dag(1).replace(
+        "operator: relay\n    source: { kind: manual }",
+        "operator: pulse\n    source: { kind: always_on }",
+    )
+    dispatcher = Dispatcher(repo, operators=operators, clock=clock)
+    deployed = await dispatcher.deploy(parse_dag(text, operators=operators.names()))
+    await dispatcher.run_once()
+    assert seen == ["run"]
+    runs = await _tasks(repo, deployed.jobs["follow"])
+    assert [r.status for r in runs] == ["Completed"]
+    scaled = await _tasks(repo, deployed.jobs["scale"])
+    assert [(r.partitions, r.status) for r in scaled] == [(["0-9"], "Completed")]

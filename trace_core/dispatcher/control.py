@@ -52,6 +52,7 @@ class TaskControl:
         tasks: TaskQueue | None = None,
         gateway: EventGateway | None = None,
         claim: Claimer | None = None,
+        directive: Callable[[uuid.UUID], Awaitable[str]] | None = None,
     ) -> None:
         self.repo = repo
         self.clock = clock or SystemClock()
@@ -60,6 +61,7 @@ class TaskControl:
         self._claim = claim or self.tasks.claim
         """The claim path; the Dispatcher passes its concurrency gate (limits and
         per-job leases) here."""
+        self._directive = directive
 
     async def claim(self, task_id: uuid.UUID, worker_id: str) -> ClaimedTask:
         """Lease the task's next attempt and return its payload, or why not."""
@@ -82,6 +84,11 @@ class TaskControl:
         async with self.repo.read() as tx:
             lease = await lease_seconds_for_task(as_sql(tx).connection, _task_id(fence))
         return await self.tasks.heartbeat(fence, lease_seconds=lease)
+
+    async def directive(self, task_id: uuid.UUID) -> str:
+        """What a running source should do now: ``run``, ``pause`` (backpressure)
+        or ``stop`` (shutdown drain); always ``run`` without a source supervisor."""
+        return "run" if self._directive is None else str(await self._directive(task_id))
 
     async def emit(
         self, task_id: uuid.UUID, attempt: int, events: Sequence[DatasetEvent]

@@ -75,6 +75,11 @@ class TaskContext:
         """Output datasets with their version and location, by output index."""
         return list(self.payload["outputs"])
 
+    async def directive(self) -> str:
+        """For sources: ``run``, ``pause`` (emit nothing until resumed) or ``stop``
+        (finish cleanly and return)."""
+        return await self.control.directive(self.task_id)
+
     async def emit(self, events: Sequence[DatasetEvent]) -> AcceptResult:
         """Emit events mid-task (accepted only while this attempt is current)."""
         result = await self.control.emit(self.task_id, self.attempt, events)

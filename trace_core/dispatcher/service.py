@@ -99,8 +99,16 @@ class Dispatcher:
         self.gateway = EventGateway(repo, clock=clock_)
         self.router = EventRouter(repo, clock=clock_, tasks=self.tasks, handicap=handicap)
         self.gate = ConcurrencyGate(self.tasks, config=cfg.concurrency)
+        self.sources = SourceSupervisor(
+            repo, clock=clock_, config=cfg.sources, tasks=self.tasks, handicap=handicap
+        )
         self.control = TaskControl(
-            repo, clock=clock_, tasks=self.tasks, gateway=self.gateway, claim=self.gate.claim
+            repo,
+            clock=clock_,
+            tasks=self.tasks,
+            gateway=self.gateway,
+            claim=self.gate.claim,
+            directive=self.sources.directive,
         )
         self.runner = InProcessRunner(self.control, operators, worker_id=worker, config=cfg.runner)
         self.launcher = TaskLauncher(
@@ -119,9 +127,6 @@ class Dispatcher:
         )
         self.reaper = Reaper(repo, clock=clock_, config=cfg.reaper, tasks=self.tasks)
         self.retries = RetryScheduler(repo, clock=clock_, config=cfg.retries, tasks=self.tasks)
-        self.sources = SourceSupervisor(
-            repo, clock=clock_, config=cfg.sources, tasks=self.tasks, handicap=handicap
-        )
         self.cron = CronScheduler(
             repo, clock=clock_, config=cfg.cron, tasks=self.tasks, handicap=handicap
         )
