@@ -205,3 +205,27 @@ async def test_always_on_source_runs_in_process_and_feeds_the_dag(
     assert [r.status for r in runs] == ["Completed"]
     scaled = await _tasks(repo, deployed.jobs["scale"])
     assert [(r.partitions, r.status) for r in scaled] == [(["0-9"], "Completed")]
+
+
+async def test_redeploying_an_abandoned_yaml_builds_afresh(
+    repo: SqlRepository, clock: ManualClock
+) -> None:
+    dispatcher = Dispatcher(repo, operators=OPERATORS, clock=clock)
+    v1 = await dispatcher.deploy(parse_dag(dag(1), operators=OPERATORS.names()))
+    await _blocks(dispatcher, v1.datasets["blocks"], [(0, 9)])
+    await dispatcher.run_once()
+    v2 = await dispatcher.deploy(parse_dag(dag(2), operators=OPERATORS.names()))
+    await dispatcher.backfill.run_once()
+    await dispatcher.rollback("remat")
+    assert {r.status for r in await _tasks(repo, v2.jobs["scale"])} == {"Canceled"}
+
+    again = await dispatcher.deploy(parse_dag(dag(2), operators=OPERATORS.names()))
+    assert again.changed and again.status == "building"
+    assert again.dag_version_id != v2.dag_version_id  # not the abandoned one
+    assert again.datasets["scaled"].dataset_version == v2.datasets["scaled"].dataset_version
+    await dispatcher.run_once()
+    await dispatcher.run_once()
+    assert {r.status for r in await _tasks(repo, again.jobs["scale"])} == {"Completed"}
+    assert await _current(repo) == again.dag_version_id
+    # deploying it once more changes nothing
+    assert not (await dispatcher.deploy(parse_dag(dag(2), operators=OPERATORS.names()))).changed

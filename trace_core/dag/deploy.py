@@ -127,13 +127,23 @@ async def deploy(
         org_id = await ensure_org(tx, slug, now)
         await lock_dag(tx, org_id, spec.dag)
         dv = schema.dag_versions
-        existing = (
+        same_yaml = (
             await conn.execute(
-                sa.select(dv.c.id, dv.c.status).where(
-                    dv.c.org_id == org_id, dv.c.dag_name == spec.dag, dv.c.yaml_hash == dag_hash
+                sa.select(dv.c.id, dv.c.status)
+                .where(
+                    dv.c.org_id == org_id,
+                    dv.c.dag_name == spec.dag,
+                    sa.or_(dv.c.yaml_hash == dag_hash, dv.c.yaml_hash.like(f"{dag_hash}+%")),
                 )
+                .order_by(dv.c.created_at.desc())
             )
-        ).first()
+        ).all()
+        # An abandoned version is never brought back: its unfinished tasks were
+        # canceled (a terminal state) and would block its units of work for good.
+        # The same YAML deployed again after that is a fresh version (new jobs,
+        # new tasks) recorded under the hash with a generation suffix.
+        existing = next((row for row in same_yaml if row[1] != "abandoned"), None)
+        stored_hash = f"{dag_hash}+{len(same_yaml)}" if same_yaml else dag_hash
         if existing is not None and existing[1] in ("current", "building"):
             jobs, datasets = await _summary(conn, existing[0], spec.dag)
             return DeployResult(
@@ -157,7 +167,7 @@ async def deploy(
         else:
             version_id = uuid.uuid4()
             jobs, datasets = await write_version(
-                tx, document, org_id, slug, version_id, dag_hash, storage_root, now
+                tx, document, org_id, slug, version_id, stored_hash, storage_root, now
             )
         status, abandoned, to_cancel = await _activate(tx, org_id, spec.dag, version_id, now)
     if to_cancel:
