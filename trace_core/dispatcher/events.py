@@ -30,6 +30,7 @@ from trace_core.dispatcher.coverage import record_coverage
 from trace_core.errors import InvalidInput, StaleClaim
 from trace_core.outbox import write_outbox
 from trace_core.storage import schema
+from trace_core.storage.bulk import bulk_insert, records_param
 from trace_core.storage.protocol import NewOutboxRow, Repository, Transaction, within
 from trace_core.storage.sql import SqlTransaction, as_sql
 
@@ -316,7 +317,11 @@ async def _upsert_events(
         }
         for ev in unique.values()
     ]
-    insert = tx.insert(e)
+    if tx.engine_name == "postgres":
+        insert = bulk_insert(e, list(rows[0]))
+        params: Any = {"rows": records_param(rows)}
+    else:
+        insert, params = tx.insert(e), rows
     stmt = insert.on_conflict_do_update(
         index_elements=[e.c.dataset_version, e.c.unit_key],
         set_={
@@ -324,7 +329,7 @@ async def _upsert_events(
             "last_received_at": insert.excluded.last_received_at,
         },
     ).returning(e.c.id, e.c.dataset_version, e.c.unit_key, e.c.deliveries)
-    result = await tx.connection.execute(stmt, rows)
+    result = await tx.connection.execute(stmt, params)
     by_key: dict[tuple[uuid.UUID, str], uuid.UUID] = {}
     fresh: set[uuid.UUID] = set()
     for row_id, version, unit_key, deliveries in result.all():

@@ -27,6 +27,7 @@ import uuid
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import cached_property
 from typing import Any
 
 import sqlalchemy as sa
@@ -43,6 +44,7 @@ from trace_core.dispatcher.topology import (
 )
 from trace_core.outbox import Deferred
 from trace_core.storage import schema
+from trace_core.storage.bulk import bulk_insert, json_records, records_param
 from trace_core.storage.protocol import NewTask, Repository, TaskCreated
 from trace_core.storage.sql import SqlTransaction, as_sql
 from trace_core.tasks import TaskQueue
@@ -62,6 +64,23 @@ class _Event:
     end: int | None
     received_at: datetime
 
+    @cached_property
+    def own_key(self) -> str:
+        """The dedupe key of this event's own unit (dataset, version, unit)."""
+        if self.partition_key is not None:
+            return f"partition:{self.dataset_uuid}:{self.dataset_version}:{self.partition_key}"
+        return f"cursor:{self.dataset_uuid}:{self.dataset_version}:{self.cursor}"
+
+    @cached_property
+    def unit(self) -> dict[str, Any]:
+        """The unit of work as it appears in a task's input entry."""
+        if self.partition_key is not None:
+            unit: dict[str, Any] = {"partition_key": self.partition_key}
+            if self.start is not None:
+                unit["start"], unit["end"] = self.start, self.end
+            return unit
+        return {"cursor": self.cursor}
+
 
 @dataclass
 class RouteReport:
@@ -79,12 +98,9 @@ class RouteReport:
 
 def dedupe_key(job: Dependent, event: _Event) -> str:
     """The unit of work an event means for ``job`` (see the module docstring)."""
-    if event.partition_key is not None:
-        if job.execution_strategy == "PerPartition":
-            driver = job.inputs[0]
-            return f"partition:{driver.dataset_uuid}:{driver.dataset_version}:{event.partition_key}"
-        return f"partition:{event.dataset_uuid}:{event.dataset_version}:{event.partition_key}"
-    return f"cursor:{event.dataset_uuid}:{event.dataset_version}:{event.cursor}"
+    if event.partition_key is not None and job.execution_strategy == "PerPartition":
+        return job.partition_prefix + event.partition_key
+    return event.own_key
 
 
 @dataclass
@@ -158,15 +174,15 @@ class EventRouter:
                     report.not_current += 1
                 updates.append(
                     {
-                        "b_id": event.id,
-                        "b_status": status,
-                        "b_routed_at": now if status != "pending" else None,
-                        "b_created": made,
-                        "b_existing": existing,
-                        "b_detail": detail or None,
+                        "id": event.id,
+                        "route_status": status,
+                        "routed_at": now if status != "pending" else None,
+                        "tasks_created": made,
+                        "tasks_existing": existing,
+                        "route_detail": detail or None,
                     }
                 )
-            await _update_events(st.connection, updates)
+            await _update_events(st, updates)
         return report
 
     async def replay(self, job_ids: Collection[uuid.UUID], *, batch: int = 500) -> RouteReport:
@@ -279,31 +295,16 @@ def _inputs_ready(job: Dependent, event: _Event, coverage: Mapping[uuid.UUID, Co
     return True
 
 
-def _unit(event: _Event) -> dict[str, Any]:
-    if event.partition_key is not None:
-        unit: dict[str, Any] = {"partition_key": event.partition_key}
-        if event.start is not None:
-            unit["start"], unit["end"] = event.start, event.end
-        return unit
-    return {"cursor": event.cursor}
-
-
 def _input_versions(job: Dependent, event: _Event) -> dict[str, Any]:
     """The task's pinned inputs: every edge's version and ``where`` filter, with
     the unit of work on the triggering edge (on every edge for PerPartition)."""
-    unit = _unit(event)
-    inputs = []
-    for edge in job.inputs:
-        entry: dict[str, Any] = {
-            "dataset_uuid": str(edge.dataset_uuid),
-            "dataset_version": str(edge.dataset_version),
-            "where": edge.where,
-        }
-        if edge.dataset_uuid == event.dataset_uuid or (
-            job.execution_strategy == "PerPartition" and event.partition_key is not None
-        ):
-            entry.update(unit)
-        inputs.append(entry)
+    every = job.execution_strategy == "PerPartition" and event.partition_key is not None
+    inputs = [
+        {**edge.pinned, **event.unit}
+        if every or edge.dataset_uuid == event.dataset_uuid
+        else edge.pinned
+        for edge in job.inputs
+    ]
     return {"inputs": inputs, "trigger_event_id": str(event.id)}
 
 
@@ -380,7 +381,7 @@ async def _paused(conn: AsyncConnection) -> set[uuid.UUID]:
 async def _insert_task_inputs(
     st: SqlTransaction, plan: _Plan, task_ids: Mapping[Any, TaskCreated]
 ) -> None:
-    rows = [
+    rows: list[dict[str, Any]] = [
         {
             "task_id": task_ids[key].task_id,
             "input_dataset_uuid": dataset_uuid,
@@ -391,21 +392,57 @@ async def _insert_task_inputs(
         if task_ids[key].created
         for dataset_uuid, unit, version in entries
     ]
-    if rows:
-        await st.connection.execute(st.insert(schema.task_inputs).on_conflict_do_nothing(), rows)
+    if not rows:
+        return
+    ti = schema.task_inputs
+    if st.engine_name == "postgres":
+        text: dict[Any, str] = {}  # few distinct datasets and event times: format once
+        for row in rows:
+            row["task_id"] = row["task_id"].hex
+            for key in ("input_dataset_uuid", "input_version"):
+                value = row[key]
+                row[key] = text.get(value) or text.setdefault(value, _text(value))
+        stmt = bulk_insert(ti, list(rows[0])).on_conflict_do_nothing()
+        await st.connection.execute(stmt, {"rows": records_param(rows)})
+    else:
+        await st.connection.execute(st.insert(ti).on_conflict_do_nothing(), rows)
 
 
-async def _update_events(conn: AsyncConnection, updates: list[dict[str, Any]]) -> None:
+def _text(value: uuid.UUID | datetime) -> str:
+    return value.hex if isinstance(value, uuid.UUID) else value.isoformat()
+
+
+_EVENT_OUTCOME = ("route_status", "routed_at", "tasks_created", "tasks_existing", "route_detail")
+
+
+async def _update_events(st: SqlTransaction, updates: list[dict[str, Any]]) -> None:
+    """Store each event's routing outcome (counts add up across deferrals)."""
     e = schema.events
+    if st.engine_name == "postgres":
+        r = json_records([e.c.id, *[e.c[name] for name in _EVENT_OUTCOME]])
+        stmt = (
+            sa.update(e)
+            .where(e.c.id == r.c.id)
+            .values(
+                route_status=r.c.route_status,
+                routed_at=r.c.routed_at,
+                tasks_created=e.c.tasks_created + r.c.tasks_created,
+                tasks_existing=e.c.tasks_existing + r.c.tasks_existing,
+                route_detail=r.c.route_detail,
+            )
+        )
+        await st.connection.execute(stmt, {"rows": records_param(updates)})
+        return
+    # executemany binds may not reuse column names: prefix them
     stmt = (
         sa.update(e)
         .where(e.c.id == sa.bindparam("b_id"))
         .values(
-            route_status=sa.bindparam("b_status"),
+            route_status=sa.bindparam("b_route_status"),
             routed_at=sa.bindparam("b_routed_at"),
-            tasks_created=e.c.tasks_created + sa.bindparam("b_created"),
-            tasks_existing=e.c.tasks_existing + sa.bindparam("b_existing"),
-            route_detail=sa.bindparam("b_detail", type_=e.c.route_detail.type),
+            tasks_created=e.c.tasks_created + sa.bindparam("b_tasks_created"),
+            tasks_existing=e.c.tasks_existing + sa.bindparam("b_tasks_existing"),
+            route_detail=sa.bindparam("b_route_detail", type_=e.c.route_detail.type),
         )
     )
-    await conn.execute(stmt, updates)
+    await st.connection.execute(stmt, [{f"b_{k}": v for k, v in u.items()} for u in updates])

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -34,6 +36,15 @@ class InputEdge:
     dataset_version: uuid.UUID
     where: str | None
 
+    @cached_property
+    def pinned(self) -> dict[str, Any]:
+        """The edge as a task's ``input_versions`` entry (formatted once)."""
+        return {
+            "dataset_uuid": str(self.dataset_uuid),
+            "dataset_version": str(self.dataset_version),
+            "where": self.where,
+        }
+
 
 @dataclass(frozen=True)
 class Dependent:
@@ -46,6 +57,12 @@ class Dependent:
     inputs: tuple[InputEdge, ...]
     max_attempts: int
     priority_tier: str
+
+    @cached_property
+    def partition_prefix(self) -> str:
+        """``partition:{first input}:{its version}:`` — a PerPartition task's key prefix."""
+        driver = self.inputs[0]
+        return f"partition:{driver.dataset_uuid}:{driver.dataset_version}:"
 
 
 def _dependent(job: LiveJob) -> Dependent:

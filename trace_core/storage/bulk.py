@@ -1,0 +1,71 @@
+"""Bulk writes on Postgres: many rows as ONE statement with ONE parameter.
+
+A multi-row ``VALUES`` page or an ``executemany`` costs Python per row and
+per parameter (psycopg re-parses every large statement text: it only caches
+statements under 4 KB), which made routing client-bound. Here the rows travel
+as one JSON document, unpacked on the server by ``jsonb_to_recordset`` with a
+typed column list, so the statement text is small, constant and cached, and
+the per-row work happens in C on both sides. SQLite keeps ``executemany``
+(in-process, it has no round trips to save).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
+
+__all__ = ["bulk_insert", "json_records", "records_param"]
+
+
+def _default(value: object) -> object:
+    if isinstance(value, Mapping):
+        return dict(value)
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given for a UTC timestamp column")
+        return value.isoformat()
+    raise TypeError(f"cannot send {type(value).__name__} in a bulk row")
+
+
+def records_param(rows: Sequence[Mapping[str, Any]]) -> str:
+    """The rows as the JSON text a :func:`json_records` parameter expects.
+
+    UUIDs and aware datetimes are converted; callers on a hot path pass them
+    preformatted (``uuid.hex``, ``isoformat()``) to skip the per-value hook.
+    """
+    return json.dumps(list(rows), default=_default, separators=(",", ":"))
+
+
+def json_records(
+    columns: Sequence[sa.Column[Any]], *, param: str = "rows", name: str = "r"
+) -> sa.TableValuedAlias:
+    """``jsonb_to_recordset(CAST(:param AS JSONB)) AS name(col type, …)``.
+
+    ``columns`` are table columns whose names and types the records take; the
+    parameter is bound with :func:`records_param`.
+    """
+    recordset = sa.func.jsonb_to_recordset(
+        sa.cast(sa.bindparam(param, type_=sa.Text()), postgresql.JSONB)
+    )
+    return recordset.table_valued(*[sa.column(c.name, c.type) for c in columns]).render_derived(
+        name=name, with_types=True
+    )
+
+
+def bulk_insert(table: sa.Table, names: Sequence[str], *, param: str = "rows") -> Any:
+    """``INSERT INTO table (names) SELECT names FROM json_records(...)`` (Postgres).
+
+    Every column the rows carry is named, so no Python-side column default is
+    added as an extra parameter; add ``on_conflict_*``/``returning`` as needed.
+    """
+    records = json_records([table.c[n] for n in names], param=param)
+    select = sa.select(*[records.c[n] for n in names])
+    return postgresql.insert(table).from_select(list(names), select)
