@@ -121,8 +121,10 @@ class LeaseQueue:
         """Lease one item by id (wake-up driven), or say why not.
 
         ``lease_seconds`` overrides the configured lease (a job's heartbeat timeout).
+        The claim is one atomic statement (autocommit on Postgres); a refusal
+        is explained by reading the item afterwards.
         """
-        async with self._tx(tx) as t:
+        async with self._tx(tx, single=True) as t:
             leases = await t.claim(
                 self.queue,
                 worker_id=worker_id,
@@ -395,7 +397,9 @@ class LeaseQueue:
         values: Mapping[str, Any] | None,
         tx: Transaction | None,
     ) -> None:
-        async with self._tx(tx) as t:
+        # One fenced UPDATE, atomic by itself; the read that explains a miss
+        # needs no transaction around it.
+        async with self._tx(tx, single=True) as t:
             ok = await t.transition(
                 self.queue,
                 fence,

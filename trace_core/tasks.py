@@ -17,13 +17,13 @@ from trace_core.clock import Clock, SystemClock
 from trace_core.errors import ConfigurationError
 from trace_core.leasing import FailOutcome, LeaseConfig, LeaseQueue, ReclaimReport
 from trace_core.model import TASKS, ClaimOutcome, Fence, Lease
-from trace_core.outbox import write_outbox
+from trace_core.outbox import OUTBOX_CHANNEL
 from trace_core.retry import RetryClass, RetryPolicy
 from trace_core.storage.protocol import (
-    NewOutboxRow,
     NewTask,
     Repository,
     TaskCreated,
+    TaskWakeup,
     Transaction,
     within,
 )
@@ -62,6 +62,11 @@ class TaskQueue:
         self.wakeup_outbox = wakeup_outbox
         """Write ``enqueue_task`` outbox rows (needed when wake-ups go through a
         queue such as SQS; a deployment whose workers only poll may turn it off)."""
+        self.wakeup = TaskWakeup(
+            ENQUEUE_TASK if wakeup_outbox else None,
+            (TASKS_CHANNEL, OUTBOX_CHANNEL) if wakeup_outbox else (TASKS_CHANNEL,),
+            WAKEUP_CHUNK,
+        )
 
     async def create(
         self, tasks: Sequence[NewTask], *, tx: Transaction | None = None
@@ -78,29 +83,11 @@ class TaskQueue:
                 raise ConfigurationError(f"tasks[{i}].dedupe_key must not be blank")
             if task.handicap_seconds < 0:
                 raise ConfigurationError(f"tasks[{i}].handicap_seconds must be >= 0")
-        async with within(self.repo, tx) as t:
-            return await self._create(t, tasks)
-
-    async def _create(self, tx: Transaction, tasks: Sequence[NewTask]) -> list[TaskCreated]:
-        now = self.clock.now()
-        created = await tx.create_tasks(tasks, now=now)
-        await self._wake(tx, [c.task_id for c in created if c.created], now)
-        return created
-
-    async def _wake(self, tx: Transaction, task_ids: Sequence[uuid.UUID], now: datetime) -> None:
-        if not task_ids:
-            return
-        if self.wakeup_outbox:
-            ids = [str(t) for t in task_ids]
-            await write_outbox(
-                tx,
-                [
-                    NewOutboxRow(ENQUEUE_TASK, {"task_ids": ids[k : k + WAKEUP_CHUNK]})
-                    for k in range(0, len(ids), WAKEUP_CHUNK)
-                ],
-                now,
-            )
-        tx.notify(TASKS_CHANNEL)
+        # A small batch is one statement (tasks, wake-up row, notify): on Postgres
+        # it runs in autocommit, sparing the BEGIN and COMMIT round trips.
+        single = tx is None and len(tasks) <= WAKEUP_CHUNK
+        async with self.repo.statement() if single else within(self.repo, tx) as t:
+            return await t.create_tasks(tasks, now=self.clock.now(), wakeup=self.wakeup)
 
     async def claim(
         self, task_id: uuid.UUID, worker_id: str, *, lease_seconds: float | None = None
@@ -163,5 +150,5 @@ class TaskQueue:
         """The retry scheduler's core: due retries go back to ``Queued`` with a wake-up."""
         async with self.repo.transaction() as tx:
             ids = await self.leases.requeue_due(tx=tx)
-            await self._wake(tx, ids, self.clock.now())
+            await tx.wake_tasks(ids, self.wakeup, now=self.clock.now())
         return ids

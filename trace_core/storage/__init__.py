@@ -8,6 +8,7 @@ from trace_core.storage.protocol import (
     NewTask,
     Repository,
     TaskCreated,
+    TaskWakeup,
     Transaction,
 )
 from trace_core.storage.sql import SqlRepository, SqlTransaction
@@ -23,6 +24,7 @@ __all__ = [
     "SqlRepository",
     "SqlTransaction",
     "TaskCreated",
+    "TaskWakeup",
     "Transaction",
     "current_revision",
     "head_revision",

@@ -27,6 +27,7 @@ __all__ = [
     "NewTask",
     "Repository",
     "TaskCreated",
+    "TaskWakeup",
     "Transaction",
     "within",
 ]
@@ -46,6 +47,20 @@ class NewTask:
     handicap_seconds: float = 0.0
     """Added to the creation time for the claim order: bulk-tier work yields to
     normal work created up to this much later, and ages in after it."""
+
+
+@dataclass(frozen=True)
+class TaskWakeup:
+    """How newly runnable tasks are announced, in the transaction that made them so.
+
+    ``outbox_kind`` names the outbox rows carrying ``{"task_ids": [...]}`` (up
+    to ``chunk`` ids each; ``None`` writes none, for deployments whose workers
+    only poll); every channel in ``channels`` is notified at commit.
+    """
+
+    outbox_kind: str | None
+    channels: tuple[str, ...]
+    chunk: int = 500
 
 
 @dataclass(frozen=True)
@@ -189,8 +204,20 @@ class Transaction(Protocol):
 
     # --- tasks, outbox ------------------------------------------------------
 
-    async def create_tasks(self, tasks: Sequence[NewTask], *, now: datetime) -> list[TaskCreated]:
-        """Insert tasks; a duplicate ``(job_id, dedupe_key)`` returns the existing id."""
+    async def create_tasks(
+        self, tasks: Sequence[NewTask], *, now: datetime, wakeup: TaskWakeup | None = None
+    ) -> list[TaskCreated]:
+        """Insert tasks; a duplicate ``(job_id, dedupe_key)`` returns the existing id.
+
+        With ``wakeup``, the tasks actually inserted are announced too (see
+        :meth:`wake_tasks`); the engine may do all of it in one statement.
+        """
+        ...
+
+    async def wake_tasks(
+        self, task_ids: Sequence[uuid.UUID], wakeup: TaskWakeup, *, now: datetime
+    ) -> None:
+        """Write the wake-up outbox rows of ``task_ids`` and notify the channels."""
         ...
 
     async def insert_outbox(self, rows: Sequence[NewOutboxRow], *, now: datetime) -> list[int]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import uuid
 from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -24,6 +25,7 @@ from trace_core.storage.protocol import (
     NewOutboxRow,
     NewTask,
     TaskCreated,
+    TaskWakeup,
     Transaction,
 )
 from trace_core.storage.sql_errors import translate_errors
@@ -54,6 +56,8 @@ class SqlTransaction:
         self.engine_name: str = repo.engine_name
         self._stmts = repo.statements
         self.channels: set[str] = set()
+        self.notified: set[str] = set()
+        """Channels a statement already notified (``pg_notify`` inside it)."""
 
     def insert(self, table: sa.Table) -> Any:
         """A dialect INSERT (with ``on_conflict_do_nothing``) for ``table``."""
@@ -279,12 +283,20 @@ class SqlTransaction:
 
     # --- tasks and outbox ---------------------------------------------------
 
-    async def create_tasks(self, tasks: Sequence[NewTask], *, now: datetime) -> list[TaskCreated]:
+    async def create_tasks(
+        self, tasks: Sequence[NewTask], *, now: datetime, wakeup: TaskWakeup | None = None
+    ) -> list[TaskCreated]:
         t = schema.tasks
         ids = [uuid.uuid4() for _ in tasks]
         created: set[uuid.UUID] = set()
+        # One statement inserts, wakes and notifies when the wake-ups fit one row.
+        in_one = (
+            self.engine_name == "postgres" and wakeup is not None and 0 < len(tasks) <= wakeup.chunk
+        )
         with translate_errors("create tasks"):
-            if tasks and self.engine_name == "postgres":
+            if in_one and wakeup is not None:
+                created.update(await self._bulk_insert_tasks(ids, tasks, now, wakeup))
+            elif tasks and self.engine_name == "postgres":
                 created.update(await self._bulk_insert_tasks(ids, tasks, now))
             elif tasks:
                 rows = [
@@ -321,6 +333,8 @@ class SqlTransaction:
                     if task_id not in created
                 ]
             )
+        if wakeup is not None and not in_one:
+            await self.wake_tasks([i for i in ids if i in created], wakeup, now=now)
         return [
             TaskCreated(task_id, True, task.dedupe_key)
             if task_id in created
@@ -328,15 +342,34 @@ class SqlTransaction:
             for task_id, task in zip(ids, tasks, strict=True)
         ]
 
+    async def wake_tasks(
+        self, task_ids: Sequence[uuid.UUID], wakeup: TaskWakeup, *, now: datetime
+    ) -> None:
+        if not task_ids:
+            return
+        if wakeup.outbox_kind is not None:
+            ids = [str(t) for t in task_ids]
+            await self.insert_outbox(
+                [
+                    NewOutboxRow(wakeup.outbox_kind, {"task_ids": ids[k : k + wakeup.chunk]})
+                    for k in range(0, len(ids), wakeup.chunk)
+                ],
+                now=now,
+            )
+        self.channels.update(wakeup.channels)
+
     async def _bulk_insert_tasks(
-        self, ids: Sequence[uuid.UUID], tasks: Sequence[NewTask], now: datetime
+        self,
+        ids: Sequence[uuid.UUID],
+        tasks: Sequence[NewTask],
+        now: datetime,
+        wakeup: TaskWakeup | None = None,
     ) -> list[uuid.UUID]:
         """Postgres: every row in one ``INSERT … SELECT FROM jsonb_to_recordset``.
 
         Rows are built JSON-ready (strings formatted once per job and per
         handicap), since per-value conversion dominated routing's client time.
         """
-        t = schema.tasks
         created_at = now.isoformat()
         jobs: dict[uuid.UUID, str] = {}
         queued: dict[float, str] = {}
@@ -362,11 +395,15 @@ class SqlTransaction:
                     "queued_at": at,
                 }
             )
-        result = await self.connection.execute(
-            bulk_insert(t, list(rows[0])).on_conflict_do_nothing().returning(t.c.id),
-            {"rows": records_param(rows)},
-        )
-        return list(result.scalars().all())
+        params: dict[str, Any] = {"rows": records_param(rows)}
+        if wakeup is None:
+            result = await self.connection.execute(_insert_tasks(tuple(rows[0])), params)
+            return list(result.scalars().all())
+        params |= {"w_now": now, "w_kind": wakeup.outbox_kind}
+        result = await self.connection.execute(_insert_and_wake(tuple(rows[0]), wakeup), params)
+        self.channels.update(wakeup.channels)
+        self.notified.update(wakeup.channels)
+        return [row[0] for row in result.all()]
 
     async def _existing_task_ids(
         self, keys: list[tuple[uuid.UUID, str | None]]
@@ -484,6 +521,64 @@ class SqlTransaction:
             return int((await self.connection.execute(stmt)).rowcount)
 
 
+@functools.cache
+def _insert_tasks(names: tuple[str, ...]) -> Any:
+    """``INSERT INTO tasks … FROM jsonb_to_recordset … RETURNING id`` (built once:
+    constructing it per call cost more than running it)."""
+    t = schema.tasks
+    return bulk_insert(t, names).on_conflict_do_nothing().returning(t.c.id)
+
+
+@functools.cache
+def _insert_and_wake(names: tuple[str, ...], wakeup: TaskWakeup) -> sa.Select[Any]:
+    """Postgres: insert tasks, write their wake-up row and notify, in ONE statement.
+
+    ``WITH ins AS (INSERT … RETURNING id), wake AS (INSERT INTO outbox … FROM
+    ins HAVING count(*) > 0), note AS (SELECT pg_notify(…) WHERE EXISTS ins)
+    SELECT ins.id, (SELECT count(*) FROM note) FROM ins``: one round trip
+    instead of five (BEGIN, tasks, outbox, NOTIFY, COMMIT) when run in
+    autocommit — the enqueue half of enqueue-to-claim latency.
+    """
+    o = schema.outbox
+    ins = _insert_tasks(names).cte("ins")
+    query = sa.select(ins.c.id)
+    if wakeup.outbox_kind is not None:
+        now = sa.bindparam("w_now", type_=o.c.created_at.type)
+        payload = sa.func.jsonb_build_object(
+            "task_ids", sa.func.jsonb_agg(sa.cast(ins.c.id, sa.Text()))
+        )
+        rows = sa.select(
+            sa.bindparam("w_kind", type_=sa.Text()),
+            payload,
+            sa.literal("Pending"),
+            now,
+            sa.literal(0),
+            sa.literal(0),
+            sa.literal(10),
+            now,
+        ).having(sa.func.count() > 0)
+        columns = [
+            "kind",
+            "payload",
+            "status",
+            "available_at",
+            "attempts",
+            "claim_version",
+            "max_attempts",
+            "created_at",
+        ]
+        wake = postgresql.insert(o).from_select(columns, rows.select_from(ins)).returning(o.c.id)
+        query = query.add_cte(wake.cte("wake"))
+    if wakeup.channels:
+        note = (
+            sa.select(*(sa.func.pg_notify(ch, "") for ch in sorted(wakeup.channels)))
+            .where(sa.exists(sa.select(ins.c.id)))
+            .cte("note")
+        )
+        query = query.add_columns(sa.select(sa.func.count()).select_from(note).scalar_subquery())
+    return query
+
+
 class SqlRepository:
     """A Trace database on SQLite or Postgres, reached through SQLAlchemy."""
 
@@ -527,10 +622,21 @@ class SqlRepository:
             conn = await self.engine.connect()
         try:
             await conn.execution_options(isolation_level="AUTOCOMMIT")
-            yield SqlTransaction(conn, self)
+            tx = SqlTransaction(conn, self)
+            yield tx
+            await self._notify(conn, tx)
         finally:
             with anyio.CancelScope(shield=True):
                 await conn.close()
+        for channel in tx.channels:
+            self.hub.fire(channel)
+
+    async def _notify(self, conn: AsyncConnection, tx: SqlTransaction) -> None:
+        """Postgres: ``pg_notify`` the channels no statement notified yet (delivered
+        at commit; one per channel however many rows, all in one trip)."""
+        pending = tx.channels - tx.notified
+        if pending and self.engine_name == "postgres":
+            await conn.execute(sa.select(*(sa.func.pg_notify(ch, "") for ch in sorted(pending))))
 
     @asynccontextmanager
     async def read(self) -> AsyncIterator[SqlTransaction]:
@@ -551,12 +657,7 @@ class SqlRepository:
             tx = SqlTransaction(conn, self)
             try:
                 yield tx
-                if tx.channels and self.engine_name == "postgres":
-                    # Delivered by Postgres at commit; one per channel per
-                    # transaction however many rows it wrote, all in one trip.
-                    await conn.execute(
-                        sa.select(*(sa.func.pg_notify(ch, "") for ch in sorted(tx.channels)))
-                    )
+                await self._notify(conn, tx)
                 with translate_errors("commit"):
                     await conn.commit()
             except BaseException:
