@@ -98,7 +98,49 @@ def _parser() -> argparse.ArgumentParser:
     back.add_argument("--db", help=db_help)
     back.add_argument("--org", default="default", help="org slug (default 'default')")
     add_ops_commands(sub, db_help)
+
+    serve = sub.add_parser(
+        "serve",
+        help="serve the control-plane HTTP API with the Dispatcher running",
+        description="The internal token is read from $TRACE_INTERNAL_TOKEN or from "
+        "--internal-token-file (never from the command line).",
+    )
+    serve.add_argument("--db", help=db_help)
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    serve.add_argument("--port", type=_port, default=8000, help="port to bind (default 8000)")
+    serve.add_argument(
+        "--internal-token-file",
+        help="file holding the internal bearer token (must not be readable by others)",
+    )
+    serve.add_argument(
+        "--operators", help="module:attribute of the OperatorRegistry for in-process jobs"
+    )
+    serve.add_argument(
+        "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
+    )
     return parser
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--port must be an integer, got {text!r}") from None
+    if not 0 < value < 65536:
+        raise argparse.ArgumentTypeError(f"--port must be within 1..65535, got {value}")
+    return value
+
+
+def _serve(args: argparse.Namespace, url: str) -> int:
+    # Imported here: the HTTP stack (FastAPI, uvicorn) is the optional `http` extra.
+    from trace_lite.serve import ServeConfig, read_internal_token, serve
+
+    token = read_internal_token(args.internal_token_file, os.environ)
+    config = ServeConfig(
+        url, host=args.host, port=args.port, log_level=args.log_level, operators=args.operators
+    )
+    serve(config, token)
+    return 0
 
 
 def _print_problems(exc: DagValidationError) -> int:
@@ -202,6 +244,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return anyio.run(_dag_rollback, args, url)
         if args.command in OPS_COMMANDS:
             return anyio.run(run_ops_command, args, url)
+        if args.command == "serve":
+            return _serve(args, url)
         if args.command == "db" and args.db_command == "upgrade":
             print(f"upgraded to {upgrade(url)} (head {head_revision()})")
         elif args.command == "db" and args.db_command == "check":

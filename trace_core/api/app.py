@@ -1,0 +1,163 @@
+"""The control-plane ASGI app: :func:`create_app`.
+
+One FastAPI application over one :class:`~trace_core.dispatcher.service.Dispatcher`:
+the internal task endpoints (:mod:`~trace_core.api.internal`), the v1
+worker contract (:mod:`~trace_core.api.worker_v1`) and the operations
+endpoints (:mod:`~trace_core.api.ops`), behind the internal bearer token
+(:mod:`~trace_core.api.auth`) and the body cap (:mod:`~trace_core.api.limits`),
+with every error answered as JSON (:mod:`~trace_core.api.errors`).
+
+The OpenAPI document at ``/openapi.json`` describes what the app really
+answers: 400 (not FastAPI's 422) for malformed requests, the error shapes,
+and the bearer scheme on every route.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+
+from trace_core.api.auth import InternalAuth, check_internal_token
+from trace_core.api.errors import install_error_handlers
+from trace_core.api.fields import MAX_WAIT_MS
+from trace_core.api.internal import internal_router
+from trace_core.api.limits import BodyLimit
+from trace_core.api.ops import ops_router
+from trace_core.api.streams import StreamClaimer
+from trace_core.api.worker_v1 import worker_router
+from trace_core.dispatcher.service import Dispatcher
+from trace_core.errors import ConfigurationError
+
+__all__ = ["ApiConfig", "create_app"]
+
+_BEARER = "internalBearer"
+
+
+@dataclass(frozen=True)
+class ApiConfig:
+    """Settings of the HTTP layer."""
+
+    max_body_bytes: int = 1 << 20
+    """Request bodies over this many bytes are answered 413."""
+    max_wait_ms: int = MAX_WAIT_MS
+    """The longest v1 claim long-poll this server grants (at most 20,000)."""
+    claim_recheck_seconds: float = 2.0
+    """A waiting claim looks again at least this often, notification or not."""
+    wakeups_per_claim: int = 32
+    """Refused wake-ups a claim drops per stream and round before it reads the database."""
+    fallback_scan: int = 16
+    """Oldest queued tasks a claim tries per stream from the database fallback."""
+    retry_after_seconds: int = 1
+    """``Retry-After`` of a 503 (state database unavailable)."""
+
+    def __post_init__(self) -> None:
+        if self.max_body_bytes < 1024:
+            raise ConfigurationError("ApiConfig.max_body_bytes must be >= 1024")
+        if not 0 <= self.max_wait_ms <= MAX_WAIT_MS:
+            raise ConfigurationError(f"ApiConfig.max_wait_ms must be within 0..{MAX_WAIT_MS}")
+        if self.claim_recheck_seconds <= 0:
+            raise ConfigurationError("ApiConfig.claim_recheck_seconds must be > 0")
+        if self.wakeups_per_claim < 1 or self.fallback_scan < 1:
+            raise ConfigurationError("ApiConfig.wakeups_per_claim and fallback_scan must be >= 1")
+        if self.retry_after_seconds < 1:
+            raise ConfigurationError("ApiConfig.retry_after_seconds must be >= 1")
+
+
+def create_app(
+    dispatcher: Dispatcher,
+    *,
+    internal_token: str,
+    jwks: Callable[[], Mapping[str, Any]] | None = None,
+    config: ApiConfig | None = None,
+    run_dispatcher: bool = False,
+) -> FastAPI:
+    """The control-plane app on ``dispatcher``.
+
+    ``internal_token`` authorizes every route (at least 16 printable ASCII
+    characters); ``jwks`` returns the document served at
+    ``/internal/jwks/task`` (default: no keys). With ``run_dispatcher`` the
+    app's lifespan runs the Dispatcher's services (``start`` on startup,
+    ``stop`` on shutdown); otherwise whoever embeds the app runs them.
+    """
+    cfg = config or ApiConfig()
+    check_internal_token(internal_token)
+    app = FastAPI(
+        title="Trace control plane",
+        version="1",
+        summary="Internal task, worker v1 and operations endpoints of the Dispatcher",
+        docs_url=None,  # the interactive docs load scripts from a CDN; not on an internal port
+        redoc_url=None,
+        lifespan=_running(dispatcher) if run_dispatcher else None,
+    )
+    install_error_handlers(app, retry_after_seconds=cfg.retry_after_seconds)
+    claimer = StreamClaimer(
+        dispatcher,
+        wakeups_per_round=cfg.wakeups_per_claim,
+        fallback_scan=cfg.fallback_scan,
+        recheck_seconds=cfg.claim_recheck_seconds,
+    )
+    app.include_router(internal_router(dispatcher, jwks=jwks))
+    app.include_router(worker_router(dispatcher, claimer, max_wait_ms=cfg.max_wait_ms))
+    app.include_router(ops_router(dispatcher))
+    # The last added middleware runs first: authentication, then the body cap,
+    # so an anonymous client cannot make the server buffer a body.
+    app.add_middleware(BodyLimit, max_bytes=cfg.max_body_bytes)
+    app.add_middleware(InternalAuth, token=internal_token)
+    app.openapi = _openapi(app)  # type: ignore[method-assign]
+    return app
+
+
+def _running(dispatcher: Dispatcher) -> Callable[[FastAPI], Any]:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        async with anyio.create_task_group() as group:
+            await dispatcher.start(group)
+            try:
+                yield
+            finally:
+                await dispatcher.stop()
+                # In-process tasks still running are abandoned here: their
+                # leases expire and the next Dispatcher retries them.
+                group.cancel_scope.cancel()
+
+    return lifespan
+
+
+def _openapi(app: FastAPI) -> Callable[[], dict[str, Any]]:
+    def build() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            document = get_openapi(
+                title=app.title,
+                version=app.version,
+                summary=app.summary,
+                routes=app.routes,
+            )
+            _describe_answers(document)
+            app.openapi_schema = document
+        return app.openapi_schema
+
+    return build
+
+
+def _describe_answers(document: dict[str, Any]) -> None:
+    """Drop FastAPI's 422 answers (we answer 400) and declare the bearer scheme."""
+    for path_item in document.get("paths", {}).values():
+        for operation in path_item.values():
+            operation.get("responses", {}).pop("422", None)
+            operation["security"] = [{_BEARER: []}]
+    schemas = document.setdefault("components", {}).setdefault("schemas", {})
+    for unused in ("HTTPValidationError", "ValidationError"):
+        schemas.pop(unused, None)
+    document["components"]["securitySchemes"] = {
+        _BEARER: {
+            "type": "http",
+            "scheme": "bearer",
+            "description": "The internal token shared by platform components",
+        }
+    }

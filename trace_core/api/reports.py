@@ -1,0 +1,99 @@
+"""An attempt's final report (completed or failed), idempotent per attempt.
+
+Both the internal task contract and the v1 worker contract finish an attempt
+here. A repeated report of an attempt whose outcome the database already
+holds is recognized and answered as a duplicate: the fenced write refuses
+it (the lifecycle has no ``Completed -> Completed`` edge), and the task row,
+which keeps the attempt number and lease token of its last claim, shows that
+this very attempt got there. Nothing is written for a duplicate.
+
+A report for a canceled task is stale: cancellation fences the holder out
+(:class:`~trace_core.errors.StaleClaim`), whatever the lifecycle says.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from trace_core.dispatcher.events import DatasetEvent
+from trace_core.dispatcher.service import Dispatcher
+from trace_core.errors import InvalidTransition, StaleClaim
+from trace_core.model import Fence, ItemState
+
+__all__ = ["Completion", "Failure", "complete_attempt", "fail_attempt", "report_state"]
+
+_MAX_ERROR = 8_192  # characters of an error message kept in tasks.error_message
+
+
+@dataclass(frozen=True)
+class Completion:
+    """A completed attempt: new, or a duplicate report of one."""
+
+    duplicate: bool
+    event_ids: list[uuid.UUID] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A failed attempt: a retry is scheduled (``retrying``) or it is dead-lettered."""
+
+    retrying: bool
+    duplicate: bool
+    status: str
+
+
+async def report_state(dispatcher: Dispatcher, fence: Fence) -> ItemState:
+    """The task's state when ``fence``'s attempt already reported its outcome.
+
+    Raises :class:`StaleClaim` when another attempt owns the task or it was
+    canceled, and :class:`~trace_core.errors.NotFound` when it does not exist.
+    """
+    state = await dispatcher.tasks.leases.inspect(fence.item_id)
+    if state.attempt != fence.attempt or state.lease_token != fence.lease_token:
+        raise StaleClaim(
+            "tasks",
+            fence.item_id,
+            f"attempt {fence.attempt} is not current (attempt {state.attempt}, {state.status})",
+        )
+    if state.status == "Canceled":
+        raise StaleClaim("tasks", fence.item_id, "the task was canceled")
+    return state
+
+
+async def complete_attempt(
+    dispatcher: Dispatcher,
+    fence: Fence,
+    *,
+    events: Sequence[DatasetEvent] = (),
+    outputs: Sequence[Mapping[str, Any]] | None = None,
+) -> Completion:
+    """Commit the final events and the completion in one transaction, or
+    recognize a duplicate report of the same attempt."""
+    try:
+        accepted = await dispatcher.control.complete(fence, events=events, outputs=outputs)
+    except InvalidTransition:
+        state = await report_state(dispatcher, fence)
+        if state.status == "Completed":
+            return Completion(duplicate=True)
+        raise
+    return Completion(duplicate=False, event_ids=list(accepted.event_ids))
+
+
+async def fail_attempt(
+    dispatcher: Dispatcher, fence: Fence, error: str, *, retryable: bool
+) -> Failure:
+    """Fail the attempt (retry with backoff, or dead-letter), or recognize a
+    duplicate report of an attempt that already failed."""
+    try:
+        outcome = await dispatcher.control.fail(fence, error[:_MAX_ERROR], retryable=retryable)
+    except InvalidTransition:
+        state = await report_state(dispatcher, fence)
+        if state.status == "Queued":  # failed, and the retry already put it back
+            return Failure(retrying=True, duplicate=True, status=state.status)
+        if state.status == "Failed":
+            return Failure(retrying=state.retry_at is not None, duplicate=True, status="Failed")
+        raise  # completed: a failure report contradicts the recorded outcome
+    return Failure(retrying=outcome.retrying, duplicate=False, status=outcome.status)

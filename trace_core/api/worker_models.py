@@ -1,0 +1,140 @@
+"""Bodies of the v1 worker contract (worker-control-plane-v1.md)."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from trace_core.api.fields import (
+    MAX_EVENTS,
+    MAX_WAIT_MS,
+    Attempt,
+    JsonObject,
+    LongText,
+    Name,
+    Request,
+    StrictBool,
+)
+from trace_core.api.models import Events
+
+__all__ = [
+    "WorkerAck",
+    "WorkerClaimRequest",
+    "WorkerClaimResponse",
+    "WorkerCompleteRequest",
+    "WorkerError",
+    "WorkerFailRequest",
+    "WorkerFailResponse",
+    "WorkerHeartbeatRequest",
+    "WorkerHeartbeatResponse",
+    "WorkerResult",
+]
+
+
+class WorkerClaimRequest(Request):
+    """``POST /internal/worker/claim``: streams in priority order, long-poll wait."""
+
+    worker_id: Name
+    streams: Annotated[list[Name], Field(min_length=1, max_length=16)]
+    max_wait_ms: Annotated[int, Field(strict=True, ge=0, le=MAX_WAIT_MS)] = 0
+
+
+class WorkerClaimResponse(BaseModel):
+    """``claimed`` and, when claimed, the lease and the payload snapshot.
+
+    ``job_id`` is the task id; ``attempt_id`` its attempt number.
+    ``message_id`` is opaque (the delivery that found the job; ``source`` says
+    whether a wake-up or the database fallback did).
+    """
+
+    claimed: bool
+    job_id: uuid.UUID | None = None
+    attempt_id: int | None = None
+    lease_token: uuid.UUID | None = None
+    lease_expires_at: datetime | None = None
+    stream: str | None = None
+    message_id: str | None = None
+    source: Literal["wakeup", "database"] | None = None
+    payload: dict[str, Any] | None = None
+    lease_ttl_seconds: float | None = None
+    heartbeat_interval_seconds: float | None = None
+
+
+class WorkerHeartbeatRequest(Request):
+    """``POST /internal/worker/heartbeat``; ``attempt_id`` is optional (the lease
+    token alone identifies the attempt: it is fresh per claim)."""
+
+    worker_id: Name
+    job_id: uuid.UUID
+    lease_token: uuid.UUID
+    attempt_id: Attempt | None = None
+
+
+class WorkerHeartbeatResponse(BaseModel):
+    """The extended lease and the source directive."""
+
+    ok: bool
+    lease_expires_at: datetime
+    directive: str
+
+
+class WorkerResult(BaseModel):
+    """A completion's result: final ``events`` and ``outputs`` are committed with
+    the completion; other members (timings, artifact pointers) are accepted
+    and not stored."""
+
+    model_config = ConfigDict(extra="allow")
+
+    events: Events = Field(default_factory=list)
+    outputs: Annotated[list[JsonObject], Field(max_length=MAX_EVENTS)] | None = None
+
+
+class _WorkerReport(Request):
+    worker_id: Name
+    job_id: uuid.UUID
+    attempt_id: Attempt
+    lease_token: uuid.UUID
+    stream: Name
+    message_id: Name
+
+
+class WorkerCompleteRequest(_WorkerReport):
+    """``POST /internal/worker/complete``."""
+
+    result: WorkerResult = Field(default_factory=WorkerResult)
+
+
+class WorkerError(Request):
+    """A failure report; ``retryable`` false dead-letters the job at once."""
+
+    code: Name = "error"
+    message: LongText
+    stack: LongText | None = None
+    retryable: StrictBool = True
+
+
+class WorkerFailRequest(_WorkerReport):
+    """``POST /internal/worker/fail``."""
+
+    error: WorkerError
+
+
+class WorkerAck(BaseModel):
+    """``ack``: the worker may acknowledge its stream message."""
+
+    ok: bool
+    ack: bool
+    duplicate: bool = False
+
+
+class WorkerFailResponse(BaseModel):
+    """Where the failed job went: ``requeued`` (a retry is scheduled) or ``dlq``."""
+
+    ok: bool
+    ack: bool
+    requeued: bool
+    dlq: bool
+    duplicate: bool = False
