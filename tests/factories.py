@@ -247,3 +247,21 @@ async def run_on_separate_repos(
     finally:
         for r in repos:
             await r.close()
+
+
+def relay_partition(ctx: Any) -> Any:
+    """A synchronous test operator: marks the partition it was given materialized
+    on its own first output, and reports the input version it read."""
+    from trace_core.dispatcher.events import DatasetEvent
+    from trace_core.dispatcher.runner import OperatorResult
+
+    unit = ctx.inputs[0]
+    out = ctx.outputs[0]
+    event = DatasetEvent(
+        uuid.UUID(out["dataset_uuid"]),
+        uuid.UUID(out["dataset_version"]),
+        partition_key=unit["partition_key"],
+        start=unit["start"],
+        end=unit["end"],
+    )
+    return OperatorResult(events=[event], outputs=[{"read": unit["dataset_version"]}])

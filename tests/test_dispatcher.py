@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
+from tests.factories import relay_partition
 from trace_core.clock import ManualClock
 from trace_core.dag import parse_dag
 from trace_core.dispatcher.events import DatasetEvent
@@ -50,21 +51,7 @@ jobs:
 """
 
 
-def _relay(ctx: TaskContext) -> OperatorResult:
-    """Marks its input partition materialized on its output (pins the version it read)."""
-    unit = ctx.inputs[0]
-    out = ctx.outputs[0]
-    event = DatasetEvent(
-        uuid.UUID(out["dataset_uuid"]),
-        uuid.UUID(out["dataset_version"]),
-        partition_key=unit["partition_key"],
-        start=unit["start"],
-        end=unit["end"],
-    )
-    return OperatorResult(events=[event], outputs=[{"read": unit["dataset_version"]}])
-
-
-OPERATORS = OperatorRegistry([OperatorSpec("relay", _relay)])
+OPERATORS = OperatorRegistry([OperatorSpec("relay", relay_partition)])
 
 
 async def _blocks(dispatcher: Dispatcher, version: Any, ranges: list[tuple[int, int]]) -> None:
@@ -192,7 +179,9 @@ async def test_always_on_source_runs_in_process_and_feeds_the_dag(
         )
         return OperatorResult()
 
-    operators = OperatorRegistry([OperatorSpec("relay", _relay), OperatorSpec("pulse", pulse)])
+    operators = OperatorRegistry(
+        [OperatorSpec("relay", relay_partition), OperatorSpec("pulse", pulse)]
+    )
     text = dag(1).replace(
         "operator: relay\n    source: { kind: manual }",
         "operator: pulse\n    source: { kind: always_on }",

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
+from tests.factories import relay_partition
 from trace_core.clock import ManualClock
 from trace_core.dag import deploy, parse_dag
 from trace_core.dispatcher.control import TaskControl
@@ -17,7 +18,7 @@ from trace_core.dispatcher.inprocess import InProcessLambdaInvoker, InProcessWak
 from trace_core.dispatcher.launcher import TaskLauncher
 from trace_core.dispatcher.operators import OperatorRegistry, OperatorSpec
 from trace_core.dispatcher.routing import EventRouter
-from trace_core.dispatcher.runner import InProcessRunner, OperatorResult, TaskContext
+from trace_core.dispatcher.runner import InProcessRunner, TaskContext
 from trace_core.dispatcher.runtimes import RuntimeRegistry
 from trace_core.errors import ConfigurationError
 from trace_core.outbox import OutboxRelay
@@ -61,29 +62,15 @@ jobs:
 """
 
 
-def _double(ctx: TaskContext) -> OperatorResult:
-    """Emits the partition it was given on its own output (a synchronous operator)."""
-    unit = ctx.inputs[0]
-    out = ctx.outputs[0]
-    event = DatasetEvent(
-        uuid.UUID(out["dataset_uuid"]),
-        uuid.UUID(out["dataset_version"]),
-        partition_key=unit["partition_key"],
-        start=unit["start"],
-        end=unit["end"],
-    )
-    return OperatorResult(events=[event], outputs=[{"output_index": 0, "row_count": 1}])
-
-
 async def _explode(ctx: TaskContext) -> None:
     raise RuntimeError("operator bug")
 
 
 OPERATORS = OperatorRegistry(
     [
-        OperatorSpec("emit_blocks", _double, source=True),
-        OperatorSpec("double", _double),
-        OperatorSpec("count", _double),
+        OperatorSpec("emit_blocks", relay_partition, source=True),
+        OperatorSpec("double", relay_partition),
+        OperatorSpec("count", relay_partition),
         OperatorSpec("explode", _explode),
     ]
 )

@@ -315,20 +315,26 @@ def _task_input_rows(job: Dependent, event: _Event) -> list[tuple[uuid.UUID, str
     return [(event.dataset_uuid, unit, event.received_at)]
 
 
+def _select_events() -> sa.Select[Any]:
+    """The columns of :class:`_Event`, in its field order."""
+    e = schema.events
+    return sa.select(
+        e.c.id,
+        e.c.dataset_uuid,
+        e.c.dataset_version,
+        e.c.unit_key,
+        e.c.cursor,
+        e.c.partition_key,
+        e.c.range_start,
+        e.c.range_end,
+        e.c.received_at,
+    )
+
+
 async def _pending(conn: AsyncConnection, event_ids: Sequence[uuid.UUID]) -> list[_Event]:
     e = schema.events
     rows = await conn.execute(
-        sa.select(
-            e.c.id,
-            e.c.dataset_uuid,
-            e.c.dataset_version,
-            e.c.unit_key,
-            e.c.cursor,
-            e.c.partition_key,
-            e.c.range_start,
-            e.c.range_end,
-            e.c.received_at,
-        )
+        _select_events()
         .where(e.c.id.in_(list(event_ids)), e.c.route_status == "pending")
         .order_by(e.c.received_at, e.c.id)
     )
@@ -350,17 +356,7 @@ async def _history(
     if not versions:
         return []
     e = schema.events
-    stmt = sa.select(
-        e.c.id,
-        e.c.dataset_uuid,
-        e.c.dataset_version,
-        e.c.unit_key,
-        e.c.cursor,
-        e.c.partition_key,
-        e.c.range_start,
-        e.c.range_end,
-        e.c.received_at,
-    ).where(e.c.dataset_version.in_(versions))
+    stmt = _select_events().where(e.c.dataset_version.in_(versions))
     if after is not None:
         stmt = stmt.where(
             sa.or_(
