@@ -49,6 +49,7 @@ def test_demo_finishes_every_task(database_url: str) -> None:
     assert summary["tasks_by_status"] == {"Completed": 30}
 
 
+# Blocks fenced ```python are complete programs and must run; fragments use ```py.
 README_BLOCKS = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.S)
 
 
