@@ -5,8 +5,10 @@ negative (schema-violating) cases, on a deployed small DAG, on both engines.
 Generated identifiers are swapped for real ones part of the time (task ids,
 their lease tokens, dataset versions, streams, DAG and job names), so the
 fuzz reaches claims, stale and duplicate reports and event acceptance, not
-only "not found". Checks: no 5xx, and the answer matches the documented
-response schema for its status.
+only "not found". The task-scoped routes (``/v1/task/*``) are mounted with
+a verifier, a minter and a buffer; their cases carry the capability token of
+the task they name, another task's token, garbage or none. Checks: no 5xx,
+and the answer matches the documented response schema for its status.
 
 The app and its database live on one event loop (a blocking portal this test
 owns); schemathesis loads the schema from the ASGI app, generates the cases
@@ -34,6 +36,7 @@ from schemathesis.core.result import Ok
 from schemathesis.specs.openapi.checks import response_schema_conformance
 
 from tests.api_fixtures import AUTH, DAG, DOWNSTREAM, OPERATORS, STREAM, TOKEN
+from tests.capability_fixtures import HEADER, make_kit
 from trace_core.api import ApiConfig, create_app
 from trace_core.clock import ManualClock
 from trace_core.dag import parse_dag
@@ -56,15 +59,28 @@ class World:
     task_ids: list[str] = field(default_factory=list)
     leases: dict[str, tuple[int, str]] = field(default_factory=dict)
     datasets: list[tuple[str, str]] = field(default_factory=list)
+    capabilities: dict[str, str] = field(default_factory=dict)
+    """task id -> the capability token of its claimed attempt."""
 
     @classmethod
     async def create(cls, database_url: str) -> World:
         repo = SqlRepository(database_url)
-        dispatcher = Dispatcher(repo, operators=OPERATORS, clock=ManualClock())
+        kit = make_kit(ManualClock())
+        dispatcher = Dispatcher(
+            repo, operators=OPERATORS, clock=kit.clock, capabilities=kit.issuer(repo)
+        )
         deployed = await dispatcher.deploy(parse_dag(DAG, operators=OPERATORS.names()))
         # Short long-polls: a fuzzed claim that finds nothing must not wait 20 s.
         config = ApiConfig(max_wait_ms=50, claim_recheck_seconds=0.05)
-        app = create_app(dispatcher, internal_token=TOKEN, config=config)
+        app = create_app(
+            dispatcher,
+            internal_token=TOKEN,
+            config=config,
+            jwks=kit.ring.jwks,
+            verifier=kit.verifier,
+            minter=kit.minter,
+            buffer=kit.buffer,
+        )
         client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url=BASE)
         world = cls(repo, app, client)
         world.datasets = [
@@ -77,8 +93,9 @@ class World:
         for task_id in world.task_ids[:4]:  # Running, with known leases
             claimed = await dispatcher.control.claim(uuid.UUID(task_id), "fuzz-seed")
             lease = claimed.outcome.lease
-            assert lease is not None
+            assert lease is not None and claimed.task is not None
             world.leases[task_id] = (lease.attempt, str(lease.lease_token))
+            world.capabilities[task_id] = claimed.task["capability_token"]
         await dispatcher.tasks.cancel([uuid.UUID(world.task_ids[3])])
         return world
 
@@ -102,8 +119,8 @@ class World:
         await self.client.aclose()
         await self.repo.close()
 
-    def realistic(self, case: Any, draw: Callable[[st.SearchStrategy[Any]], Any]) -> None:
-        """Swap generated identifiers for real ones, part of the time."""
+    def realistic(self, case: Any, draw: Callable[[st.SearchStrategy[Any]], Any]) -> dict[str, str]:
+        """Swap generated identifiers for real ones, part of the time; the headers."""
         if isinstance(case.query, dict):
             self._swap(case.query, draw)
         if isinstance(case.body, dict):
@@ -111,6 +128,25 @@ class World:
             result = case.body.get("result")
             if isinstance(result, dict):
                 self._swap(result, draw)
+        headers = dict(AUTH)
+        if case.operation.path.startswith("/v1/task/"):
+            choice = draw(st.sampled_from(["own", "own", "own", "other", "garbage", "none"]))
+            if choice == "own":
+                # The token of a claimed task, and (usually) a body naming that attempt.
+                task_id = draw(st.sampled_from(sorted(self.capabilities)))
+                headers[HEADER] = self.capabilities[task_id]
+                if isinstance(case.body, dict) and draw(st.integers(0, 3)):
+                    attempt, lease_token = self.leases[task_id]
+                    case.body["task_id"], case.body["attempt"] = task_id, attempt
+                    if "lease_token" in case.body or draw(st.booleans()):
+                        case.body["lease_token"] = lease_token
+            elif choice == "other":
+                headers[HEADER] = draw(st.sampled_from(sorted(self.capabilities.values())))
+            elif choice == "garbage":
+                headers[HEADER] = draw(
+                    st.text(st.characters(min_codepoint=0x21, max_codepoint=0x7E))
+                )
+        return headers
 
     def _swap(self, doc: dict[str, Any], draw: Callable[[st.SearchStrategy[Any]], Any]) -> None:
         for key in ("task_id", "job_id"):
@@ -130,6 +166,8 @@ class World:
             doc["dag"], doc["job"] = "api", draw(st.sampled_from(["follow", "double"]))
         if "job" in doc and "key" in doc and draw(st.booleans()):
             doc["job"] = draw(st.sampled_from(["api/follow", "follow", "double"]))
+        if "records" in doc and "dataset_uuid" in doc and draw(st.booleans()):
+            doc["dataset_uuid"] = draw(st.sampled_from(self.datasets))[0]
         events = doc.get("events")
         if isinstance(events, list):
             for event in events:
@@ -148,10 +186,10 @@ def _fuzz(operation: Any, mode: GenerationMode, world: World, portal: BlockingPo
     )
     @given(case=operation.as_strategy(generation_mode=mode), data=st.data())
     def run(case: Any, data: st.DataObject) -> None:
-        world.realistic(case, data.draw)
-        request = case.as_transport_kwargs(base_url=BASE, headers=AUTH)
+        headers = world.realistic(case, data.draw)
+        request = case.as_transport_kwargs(base_url=BASE, headers=headers)
         response = portal.call(world.send, request)
-        case.validate_response(response, checks=CHECKS, headers=AUTH)
+        case.validate_response(response, checks=CHECKS, headers=headers)
 
     run()
 
@@ -165,7 +203,7 @@ def test_no_request_produces_a_server_error(database_url: str) -> None:
             for result in schema.get_all_operations():
                 assert isinstance(result, Ok), result  # the document itself is valid
                 operations.append(result.ok())
-            assert len(operations) == 13
+            assert len(operations) == 18  # 13 internal, 5 task-scoped
             for operation in operations:
                 for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
                     _fuzz(operation, mode, world, portal)
@@ -186,4 +224,5 @@ def test_the_document_declares_400_not_422_and_the_bearer_scheme(database_url: s
         for method, operation in item.items():
             assert "422" not in operation["responses"], (method, path)
             assert {"400", "401", "413", "503"} <= set(operation["responses"]), (method, path)
-            assert operation["security"] == [{"internalBearer": []}]
+            scheme = "taskCapability" if path.startswith("/v1/task/") else "internalBearer"
+            assert operation["security"] == [{scheme: []}]

@@ -171,7 +171,7 @@ async def test_round_trip(env: Env) -> None:
     assert claims.sub == f"task:{TASK}:1"
     assert claims.iss == ISS and claims.aud == AUD
     assert claims.inputs == INPUTS
-    assert claims.output_prefix == OUT and claims.scratch_prefix == SCRATCH
+    assert claims.output_prefixes == (OUT,) and claims.scratch_prefix == SCRATCH
     assert claims.iat == claims.nbf == int(env.clock.now().timestamp())
     assert claims.exp == claims.iat + TTL
     assert claims.expires_at.timestamp() == claims.exp
@@ -193,6 +193,27 @@ async def test_claims_scope_is_what_minting_grants(env: Env) -> None:
         "read": sorted([INPUTS[0].location, SCRATCH]),
         "write": sorted([OUT, SCRATCH]),
     }
+
+
+async def test_several_outputs_and_postgres_inputs_round_trip(env: Env) -> None:
+    table = DatasetInput(uuid.uuid4(), uuid.uuid4(), "postgres_table:dataset_0a1b_2c3d", None)
+    second = "s3://trace-data/out/task-1-b/"
+    token = await env.issuer.issue(TASK, 1, (*INPUTS, table), [OUT, second], SCRATCH)
+    claims = await env.verifier.verify(token)
+    assert claims.inputs == (*INPUTS, table) and claims.output_prefixes == (OUT, second)
+    assert table.postgres_table == "dataset_0a1b_2c3d" and table.s3_prefix is None
+    assert INPUTS[0].postgres_table is None and INPUTS[0].s3_prefix is not None
+    # The table is an input for the Query Service, never an S3 grant.
+    assert claims.scope().as_dict() == {
+        "read": sorted([INPUTS[0].location, SCRATCH]),
+        "write": sorted([OUT, second, SCRATCH]),
+    }
+
+
+async def test_a_task_writing_only_tables_gets_its_scratch_only(env: Env) -> None:
+    claims = await env.verifier.verify(await env.issuer.issue(TASK, 1, [], [], SCRATCH))
+    assert claims.output_prefixes == ()
+    assert claims.scope().as_dict() == {"read": [SCRATCH], "write": [SCRATCH]}
 
 
 async def test_pyjwt_accepts_our_tokens_too(env: Env) -> None:
@@ -306,7 +327,7 @@ async def test_another_key_reusing_the_kid_is_refused(env: Env) -> None:
 
 async def test_tampered_payload_is_refused(env: Env) -> None:
     header, _, signature = (await env.issue()).split(".")
-    widened = env.payload(output_prefix="s3://trace-data/")
+    widened = env.payload(output_prefixes=["s3://trace-data/"])
     await refused(env, f"{header}.{segment(widened)}.{signature}", "bad_signature")
 
 
@@ -529,10 +550,20 @@ async def test_sub_must_name_the_task_attempt(env: Env) -> None:
         {"jti": 5},
         {"sub": 5},
         {"inputs": {}},
-        {"output_prefix": "s3://trace-data/out/../other/"},
-        {"output_prefix": "s3://trace-data/out/*"},
-        {"output_prefix": "s3://trace-data/out"},  # canonical form has the '/'
+        {"output_prefixes": ["s3://trace-data/out/../other/"]},
+        {"output_prefixes": ["s3://trace-data/out/*"]},
+        {"output_prefixes": ["s3://trace-data/out"]},  # canonical form has the '/'
+        {"output_prefixes": "s3://trace-data/out/"},  # a list, not a string
+        {"output_prefixes": None},
+        {"output_prefixes": [OUT, OUT]},  # one prefix per output, no repeats
+        {"output_prefixes": ["postgres_table:dataset_out"]},  # tables are never S3 grants
         {"scratch_prefix": None},
+        {"inputs": [{**INPUTS[0].to_json(), "location": "postgres_table:Dataset_out"}]},
+        {"inputs": [{**INPUTS[0].to_json(), "location": "postgres_table:"}]},
+        {"inputs": [{**INPUTS[0].to_json(), "location": "postgres_table:a;drop table x"}]},
+        {"inputs": [{**INPUTS[0].to_json(), "location": "postgres_table:public.t"}]},
+        {"inputs": [{**INPUTS[0].to_json(), "location": "postgres_table:" + "a" * 64}]},
+        {"inputs": [{**INPUTS[0].to_json(), "location": "postgres:trace-data/out/"}]},
         {"inputs": [{"dataset_uuid": str(DATASET)}]},
         {
             "inputs": [
@@ -559,6 +590,12 @@ async def test_issuer_refuses_non_canonical_scopes(env: Env) -> None:
         await env.issuer.issue(TASK, 0, INPUTS, OUT, SCRATCH)
     with pytest.raises(InvalidInput):
         DatasetInput(DATASET, VERSION, "s3://trace-data/a/../b/")
+    with pytest.raises(InvalidInput, match="table-name"):
+        DatasetInput(DATASET, VERSION, "postgres_table:Bad-Name")
+    with pytest.raises(InvalidInput, match="duplicate"):
+        await env.issuer.issue(TASK, 1, INPUTS, [OUT, OUT], SCRATCH)
+    with pytest.raises(InvalidInput, match="output_prefixes"):
+        await env.issuer.issue(TASK, 1, INPUTS, ["postgres_table:dataset_out"], SCRATCH)
 
 
 async def test_issuer_refuses_a_token_verifiers_would_call_oversized(env: Env) -> None:

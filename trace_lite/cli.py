@@ -118,6 +118,11 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
     )
+    serve.add_argument(
+        "--data-dir",
+        default=".trace",
+        help="directory of the signing keys and the credential key (default .trace/)",
+    )
     return parser
 
 
@@ -137,7 +142,12 @@ def _serve(args: argparse.Namespace, url: str) -> int:
 
     token = read_internal_token(args.internal_token_file, os.environ)
     config = ServeConfig(
-        url, host=args.host, port=args.port, log_level=args.log_level, operators=args.operators
+        url,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        operators=args.operators,
+        data_dir=args.data_dir,
     )
     serve(config, token)
     return 0

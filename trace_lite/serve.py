@@ -9,11 +9,24 @@ refused. Without a token the server does not start.
 The Dispatcher's services run in the app's lifespan: started before the
 first request is served, stopped (sources drained, loops finished) on
 SIGINT/SIGTERM.
+
+Task capabilities: the signing keys live in ``<data dir>/keys`` (a
+:class:`~trace_lite.keys.LocalKeyStore`, created on first start), and every
+claimed task gets a capability token (issuer ``trace-lite``, audience
+``trace-task``) whose scratch prefix is
+``<storage root><org>/scratch/<task_id>/<attempt>/``. The app serves the
+key ring's JWKS, the ``/v1/task/*`` endpoints verified against the same
+ring, and ``/v1/task/credentials`` through a
+:class:`~trace_core.security.LocalCredentialMinter` whose key is kept in
+``<data dir>/credentials.key`` (so credentials stay checkable across
+restarts). Both key files are readable by their owner only.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
+import secrets
 import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -21,14 +34,33 @@ from pathlib import Path
 
 import anyio
 
+from trace_core.clock import Clock, SystemClock
 from trace_core.dispatcher.operators import OperatorRegistry
 from trace_core.errors import ConfigurationError
+from trace_core.security.jwks import KeyRing
 from trace_core.storage.migrate import current_revision, head_revision
 
-__all__ = ["TOKEN_ENV", "ServeConfig", "load_operators", "read_internal_token", "serve"]
+__all__ = [
+    "TOKEN_AUDIENCE",
+    "TOKEN_ENV",
+    "TOKEN_ISSUER",
+    "TOKEN_TTL_SECONDS",
+    "ServeConfig",
+    "load_operators",
+    "open_signing_keys",
+    "read_internal_token",
+    "read_minter_key",
+    "serve",
+]
 
 TOKEN_ENV = "TRACE_INTERNAL_TOKEN"
+TOKEN_ISSUER = "trace-lite"
+TOKEN_AUDIENCE = "trace-task"
+TOKEN_TTL_SECONDS = 3600
+"""Capability tokens last an hour (the key ring's default retention covers it)."""
 _MAX_TOKEN_FILE = 4096
+_MINTER_KEY_FILE = "credentials.key"
+_MINTER_KEY_BYTES = 32
 
 
 @dataclass(frozen=True)
@@ -42,6 +74,8 @@ class ServeConfig:
     operators: str | None = None
     """``module:attribute`` naming an :class:`OperatorRegistry` (or a callable
     returning one) for ``runtime: dispatcher`` jobs; none by default."""
+    data_dir: str = ".trace"
+    """Where the signing keys (``keys/``) and the credential minter's key live."""
 
 
 def read_internal_token(token_file: str | None, environ: Mapping[str, str]) -> str:
@@ -110,8 +144,55 @@ def load_operators(reference: str | None) -> OperatorRegistry:
     return registry
 
 
+def open_signing_keys(data_dir: str | os.PathLike[str], clock: Clock) -> KeyRing:
+    """The key ring of ``<data_dir>/keys``, created (with a first key) if absent."""
+    from trace_lite.keys import LocalKeyStore
+
+    return LocalKeyStore(Path(data_dir) / "keys", clock).open()
+
+
+def read_minter_key(data_dir: str | os.PathLike[str]) -> bytes:
+    """The credential minter's key from ``<data_dir>/credentials.key``, created if absent.
+
+    The file must be a regular file of the current user that nobody else can
+    read or write; otherwise :class:`ConfigurationError` names it.
+    """
+    directory = Path(data_dir)
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    path = directory / _MINTER_KEY_FILE
+    flags = os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | flags, 0o600)
+    except FileExistsError:
+        pass
+    else:
+        try:
+            os.fchmod(fd, 0o600)
+            os.write(fd, secrets.token_bytes(_MINTER_KEY_BYTES))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    try:
+        fd = os.open(path, os.O_RDONLY | flags)
+    except OSError as exc:
+        raise ConfigurationError(f"credential key {path}: {exc.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+            raise ConfigurationError(
+                f"credential key {path}: must be a regular file of this user that "
+                f"nobody else can access (mode {stat.S_IMODE(st.st_mode):o}); chmod 600 it"
+            )
+        key = os.read(fd, _MINTER_KEY_BYTES + 1)
+    finally:
+        os.close(fd)
+    if len(key) != _MINTER_KEY_BYTES:
+        raise ConfigurationError(f"credential key {path}: must hold exactly 32 bytes")
+    return key
+
+
 def serve(config: ServeConfig, token: str) -> None:
-    """Check the database schema, then serve until interrupted."""
+    """Check the database schema, open the keys, then serve until interrupted."""
     revision, head = current_revision(config.database_url), head_revision()
     if revision != head:
         raise ConfigurationError(
@@ -119,21 +200,48 @@ def serve(config: ServeConfig, token: str) -> None:
             "run `trace-lite db upgrade` first"
         )
     operators = load_operators(config.operators)
-    anyio.run(_serve, config, token, operators)
+    clock = SystemClock()
+    # Disk work before the event loop starts: key files, created on first use.
+    ring = open_signing_keys(config.data_dir, clock)
+    minter_key = read_minter_key(config.data_dir)
+    anyio.run(_serve, config, token, operators, ring, minter_key)
 
 
-async def _serve(config: ServeConfig, token: str, operators: OperatorRegistry) -> None:
+async def _serve(
+    config: ServeConfig,
+    token: str,
+    operators: OperatorRegistry,
+    ring: KeyRing,
+    minter_key: bytes,
+) -> None:
     import uvicorn
 
     from trace_core.api import create_app
-    from trace_core.dispatcher.service import Dispatcher
+    from trace_core.dispatcher.capabilities import CapabilityIssuer
+    from trace_core.dispatcher.service import Dispatcher, DispatcherConfig
+    from trace_core.security import LocalCredentialMinter, TokenIssuer, TokenVerifier
     from trace_core.storage.sql import SqlRepository
 
+    clock = SystemClock()
     repo = SqlRepository(config.database_url)
     try:
+        root = DispatcherConfig().storage_root
+        root = root if root.endswith("/") else root + "/"
+        capabilities = CapabilityIssuer(
+            TokenIssuer(ring, TOKEN_ISSUER, TOKEN_AUDIENCE, TOKEN_TTL_SECONDS, clock),
+            repo=repo,
+            scratch_template=root + "{org}/scratch/{task_id}/{attempt}/",
+        )
         # Built inside the event loop: the Dispatcher's services own loop-bound primitives.
-        dispatcher = Dispatcher(repo, operators=operators)
-        app = create_app(dispatcher, internal_token=token, run_dispatcher=True)
+        dispatcher = Dispatcher(repo, operators=operators, clock=clock, capabilities=capabilities)
+        app = create_app(
+            dispatcher,
+            internal_token=token,
+            run_dispatcher=True,
+            jwks=ring.jwks,
+            verifier=TokenVerifier(ring, TOKEN_ISSUER, TOKEN_AUDIENCE, clock),
+            minter=LocalCredentialMinter(minter_key, clock=clock),
+        )
         server = uvicorn.Server(
             uvicorn.Config(
                 app,

@@ -5,11 +5,14 @@ the internal task endpoints (:mod:`~trace_core.api.internal`), the v1
 worker contract (:mod:`~trace_core.api.worker_v1`) and the operations
 endpoints (:mod:`~trace_core.api.ops`), behind the internal bearer token
 (:mod:`~trace_core.api.auth`) and the body cap (:mod:`~trace_core.api.limits`),
-with every error answered as JSON (:mod:`~trace_core.api.errors`).
+with every error answered as JSON (:mod:`~trace_core.api.errors`). With a
+token verifier, the task-scoped endpoints (:mod:`~trace_core.api.task_scoped`)
+are mounted too, behind the capability token instead
+(:mod:`~trace_core.api.capability`).
 
 The OpenAPI document at ``/openapi.json`` describes what the app really
 answers: 400 (not FastAPI's 422) for malformed requests, the error shapes,
-and the bearer scheme on every route.
+and on every route its scheme: the internal bearer, or the capability header.
 """
 
 from __future__ import annotations
@@ -24,19 +27,25 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from trace_core.api.auth import InternalAuth, check_internal_token
+from trace_core.api.capability import CAPABILITY_HEADER, TASK_PREFIX, CapabilityAuth
 from trace_core.api.errors import install_error_handlers
 from trace_core.api.fields import MAX_WAIT_MS
 from trace_core.api.internal import internal_router
 from trace_core.api.limits import BodyLimit
 from trace_core.api.ops import ops_router
 from trace_core.api.streams import StreamClaimer
+from trace_core.api.task_scoped import task_router
 from trace_core.api.worker_v1 import worker_router
+from trace_core.dispatcher.buffer import DatasetBuffer
 from trace_core.dispatcher.service import Dispatcher
 from trace_core.errors import ConfigurationError
+from trace_core.security.minting import CredentialMinter
+from trace_core.security.verifier import TokenVerifier
 
 __all__ = ["ApiConfig", "create_app"]
 
 _BEARER = "internalBearer"
+_CAPABILITY = "taskCapability"
 
 
 @dataclass(frozen=True)
@@ -76,17 +85,32 @@ def create_app(
     jwks: Callable[[], Mapping[str, Any]] | None = None,
     config: ApiConfig | None = None,
     run_dispatcher: bool = False,
+    verifier: TokenVerifier | None = None,
+    minter: CredentialMinter | None = None,
+    buffer: DatasetBuffer | None = None,
 ) -> FastAPI:
     """The control-plane app on ``dispatcher``.
 
     ``internal_token`` authorizes every route (at least 16 printable ASCII
-    characters); ``jwks`` returns the document served at
-    ``/internal/jwks/task`` (default: no keys). With ``run_dispatcher`` the
-    app's lifespan runs the Dispatcher's services (``start`` on startup,
-    ``stop`` on shutdown); otherwise whoever embeds the app runs them.
+    characters) but the task-scoped ones; ``jwks`` returns the document
+    served at ``/internal/jwks/task`` (default: no keys). With
+    ``run_dispatcher`` the app's lifespan runs the Dispatcher's services
+    (``start`` on startup, ``stop`` on shutdown); otherwise whoever embeds
+    the app runs them.
+
+    With a ``verifier``, ``/v1/task/heartbeat``, ``complete`` and ``events``
+    are mounted, authorized by capability tokens only; with a ``minter``
+    also ``/v1/task/credentials``, with a ``buffer`` also
+    ``/v1/task/buffer-publish``. Without a verifier no ``/v1/task`` route
+    exists (and a minter or buffer is a configuration error).
     """
     cfg = config or ApiConfig()
     check_internal_token(internal_token)
+    if verifier is None and (minter is not None or buffer is not None):
+        raise ConfigurationError(
+            "create_app: a credential minter or a dataset buffer needs a token verifier "
+            "(their routes are authorized by capability tokens)"
+        )
     app = FastAPI(
         title="Trace control plane",
         version="1",
@@ -105,10 +129,21 @@ def create_app(
     app.include_router(internal_router(dispatcher, jwks=jwks))
     app.include_router(worker_router(dispatcher, claimer, max_wait_ms=cfg.max_wait_ms))
     app.include_router(ops_router(dispatcher))
+    if verifier is not None:
+        app.include_router(task_router(dispatcher, minter=minter, buffer=buffer))
     # The last added middleware runs first: authentication, then the body cap,
     # so an anonymous client cannot make the server buffer a body.
     app.add_middleware(BodyLimit, max_bytes=cfg.max_body_bytes)
-    app.add_middleware(InternalAuth, token=internal_token)
+    public_prefixes: tuple[str, ...] = ()
+    if verifier is not None:
+        app.add_middleware(
+            CapabilityAuth,
+            verifier=verifier,
+            prefix=TASK_PREFIX,
+            retry_after_seconds=cfg.retry_after_seconds,
+        )
+        public_prefixes = (TASK_PREFIX,)
+    app.add_middleware(InternalAuth, token=internal_token, public_prefixes=public_prefixes)
     app.openapi = _openapi(app)  # type: ignore[method-assign]
     return app
 
@@ -146,18 +181,29 @@ def _openapi(app: FastAPI) -> Callable[[], dict[str, Any]]:
 
 
 def _describe_answers(document: dict[str, Any]) -> None:
-    """Drop FastAPI's 422 answers (we answer 400) and declare the bearer scheme."""
-    for path_item in document.get("paths", {}).values():
+    """Drop FastAPI's 422 answers (we answer 400) and declare each route's scheme."""
+    task_scoped = False
+    for path, path_item in document.get("paths", {}).items():
+        scheme = _CAPABILITY if path.startswith(TASK_PREFIX) else _BEARER
+        task_scoped = task_scoped or scheme == _CAPABILITY
         for operation in path_item.values():
             operation.get("responses", {}).pop("422", None)
-            operation["security"] = [{_BEARER: []}]
+            operation["security"] = [{scheme: []}]
     schemas = document.setdefault("components", {}).setdefault("schemas", {})
     for unused in ("HTTPValidationError", "ValidationError"):
         schemas.pop(unused, None)
-    document["components"]["securitySchemes"] = {
+    schemes: dict[str, Any] = {
         _BEARER: {
             "type": "http",
             "scheme": "bearer",
             "description": "The internal token shared by platform components",
         }
     }
+    if task_scoped:
+        schemes[_CAPABILITY] = {
+            "type": "apiKey",
+            "in": "header",
+            "name": CAPABILITY_HEADER,
+            "description": "The capability token issued with the task attempt's claim",
+        }
+    document["components"]["securitySchemes"] = schemes

@@ -10,10 +10,11 @@ the API is learnt without the token.
 The comparison is :func:`hmac.compare_digest` over bytes; the token is never
 logged or echoed.
 
-Seam for task-scoped routes: ``/v1/task/*`` will be authorized by a task
-capability token (dispatcher.md), not by this one. Its router will be
-mounted with its prefix in ``public_prefixes`` here and bring its own
-verifying dependency; nothing else changes.
+Task-scoped routes (``/v1/task/*``) are authorized by a task capability
+token (dispatcher.md), never by this one: their prefix is in
+``public_prefixes`` here, and :class:`~trace_core.api.capability.CapabilityAuth`,
+the next middleware, demands and verifies the capability for exactly the
+same paths (both decide with :func:`route_path`).
 """
 
 from __future__ import annotations
@@ -26,11 +27,31 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from trace_core.errors import ConfigurationError
 
-__all__ = ["MIN_TOKEN_LENGTH", "PUBLIC_PATHS", "InternalAuth", "check_internal_token"]
+__all__ = [
+    "MIN_TOKEN_LENGTH",
+    "PUBLIC_PATHS",
+    "InternalAuth",
+    "check_internal_token",
+    "route_path",
+]
 
 MIN_TOKEN_LENGTH = 16
 PUBLIC_PATHS = frozenset({"/openapi.json"})
 """Paths served without the token: the API's description, which holds no data."""
+
+
+def route_path(scope: Scope) -> str:
+    """The path routing will match: ``scope["path"]`` without the app's root path.
+
+    Anything unusual (a different root, a double slash) is left as it is, so
+    it matches no public prefix and needs the internal token: failing closed
+    is the point.
+    """
+    path: str = scope.get("path", "")
+    root: str = scope.get("root_path", "")
+    if root and path.startswith(root):
+        path = path[len(root) :]
+    return path
 
 
 def check_internal_token(token: str) -> bytes:
@@ -84,12 +105,7 @@ class InternalAuth:
         await response(scope, receive, send)
 
     def _is_public(self, scope: Scope) -> bool:
-        path: str = scope.get("path", "")
-        root: str = scope.get("root_path", "")
-        if root and path.startswith(root):
-            path = path[len(root) :]
-        # Anything unusual (a different root, a double slash) simply is not
-        # public and needs the token: failing closed is the point.
+        path = route_path(scope)
         return path in self._public_paths or path.startswith(self._public_prefixes)
 
     def _authorized(self, scope: Scope) -> bool:

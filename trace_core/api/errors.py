@@ -6,6 +6,9 @@ cause                                  status  ``error``
 malformed request (pydantic, JSON,     400     ``invalid_request`` with
 :class:`InvalidInput`, a bad setting)          ``field`` and ``reason``
 missing or wrong bearer token          401     ``unauthorized``
+refused task capability token          401     ``invalid_capability`` (503
+                                               for ``jwks_unavailable``)
+:class:`Forbidden` (API-level)         403     its own code
 :class:`NotFound`, unknown path        404     ``not_found``
 method not allowed                     405     ``method_not_allowed``
 :class:`StaleClaim`                    409     ``stale``
@@ -35,6 +38,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from trace_core.api.capability import CapabilityRefused, capability_error
 from trace_core.api.models import ErrorBody
 from trace_core.errors import (
     ConfigurationError,
@@ -45,10 +49,12 @@ from trace_core.errors import (
     NotFound,
     StaleClaim,
 )
+from trace_core.security.claims import InvalidCapability
 
 __all__ = [
     "ERROR_RESPONSES",
     "Conflict",
+    "Forbidden",
     "error_response",
     "field_path",
     "install_error_handlers",
@@ -81,6 +87,15 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 
 class Conflict(Exception):
     """A 409 of the API itself (not a core error): ``error`` is its code."""
+
+    def __init__(self, error: str, reason: str) -> None:
+        super().__init__(reason)
+        self.error = error
+        self.reason = reason
+
+
+class Forbidden(Exception):
+    """A 403 of the API itself: an authorized caller asked for what it may not do."""
 
     def __init__(self, error: str, reason: str) -> None:
         super().__init__(reason)
@@ -167,6 +182,14 @@ def install_error_handlers(app: FastAPI, *, retry_after_seconds: int) -> None:
         assert isinstance(exc, Conflict)
         return error_response(409, exc.error, exc.reason)
 
+    async def forbidden(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, Forbidden)
+        return error_response(403, exc.error, exc.reason)
+
+    async def capability(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, InvalidCapability | CapabilityRefused)
+        return capability_error(exc.reason, exc.detail, retry_after_seconds=retry_after_seconds)
+
     async def duplicate(request: Request, exc: Exception) -> JSONResponse:
         return error_response(409, "conflict", str(exc))
 
@@ -200,6 +223,9 @@ def install_error_handlers(app: FastAPI, *, retry_after_seconds: int) -> None:
     app.add_exception_handler(InvalidTransition, transition)
     app.add_exception_handler(DuplicateItem, duplicate)
     app.add_exception_handler(Conflict, conflict)
+    app.add_exception_handler(Forbidden, forbidden)
+    app.add_exception_handler(InvalidCapability, capability)
+    app.add_exception_handler(CapabilityRefused, capability)
     app.add_exception_handler(DatabaseUnavailable, unavailable)
     app.add_exception_handler(StarletteHTTPException, http_error)
     app.add_exception_handler(Exception, internal)

@@ -50,7 +50,13 @@ from trace_core.dispatcher.service import Dispatcher
 from trace_core.errors import InvalidInput
 from trace_core.model import Fence
 
-__all__ = ["internal_router", "to_events"]
+__all__ = [
+    "emit_task_events",
+    "heartbeat_task",
+    "internal_router",
+    "report_task",
+    "to_events",
+]
 
 _NOT_FOUND: dict[int | str, dict[str, Any]] = {
     404: {"model": ErrorBody, "description": "No such task"}
@@ -108,10 +114,7 @@ def internal_router(
     @router.post("/heartbeat", responses=_NOT_FOUND | _STALE)
     async def heartbeat(request: HeartbeatRequest) -> HeartbeatResponse:
         """Extend the current attempt's lease; 409 for a stale attempt or lease."""
-        fence = Fence(request.task_id, request.attempt, request.lease_token)
-        expires = await control.heartbeat(fence)
-        directive = await control.directive(request.task_id)
-        return HeartbeatResponse(ok=True, lease_expires_at=expires, directive=directive)
+        return await heartbeat_task(dispatcher, request)
 
     @router.post("/task-complete", responses=_NOT_FOUND | _STALE)
     async def task_complete(request: TaskCompleteRequest) -> TaskCompleteResponse:
@@ -123,56 +126,13 @@ def internal_router(
         task it did not run; 409 if the task is not canceled. A repeated
         report of the same attempt is answered ``duplicate: true``.
         """
-        if request.status == "Canceled":
-            return await _acknowledge_cancel(request)
-        if request.lease_token is None:
-            raise InvalidInput("lease_token", f"is required for status {request.status}")
-        fence = Fence(request.task_id, request.attempt, request.lease_token)
-        if request.status == "Completed":
-            events = to_events(request.events, "events")
-            done = await complete_attempt(dispatcher, fence, events=events, outputs=request.outputs)
-            return TaskCompleteResponse(
-                ok=True,
-                task_id=request.task_id,
-                status="Completed",
-                duplicate=done.duplicate,
-                event_ids=done.event_ids,
-            )
-        _only_completed_carries_results(request)
-        failed = await fail_attempt(
-            dispatcher,
-            fence,
-            request.error_message or "failed (no error message)",
-            retryable=request.retryable,
-        )
-        return TaskCompleteResponse(
-            ok=True,
-            task_id=request.task_id,
-            status=failed.status,
-            duplicate=failed.duplicate,
-            retrying=failed.retrying,
-        )
-
-    async def _acknowledge_cancel(request: TaskCompleteRequest) -> TaskCompleteResponse:
-        _only_completed_carries_results(request)
-        state = await dispatcher.tasks.leases.inspect(request.task_id)
-        if state.status != "Canceled":
-            raise Conflict(
-                "not_canceled",
-                f"task {request.task_id} is {state.status}, not Canceled: nothing to acknowledge",
-            )
-        return TaskCompleteResponse(ok=True, task_id=request.task_id, status="Canceled")
+        return await report_task(dispatcher, request)
 
     @router.post("/events", responses=_STALE)
     async def events(request: EventsRequest) -> EventsResponse:
         """Accept mid-task events of the task's current attempt (at-least-once:
         redeliveries are counted, not stored twice)."""
-        accepted = await control.emit(
-            request.task_id, request.attempt, to_events(request.events, "events")
-        )
-        return EventsResponse(
-            ok=True, event_ids=accepted.event_ids, new=accepted.new, duplicates=accepted.duplicates
-        )
+        return await emit_task_events(dispatcher, request)
 
     @router.get("/jwks/task", tags=["keys"])
     async def jwks_task() -> JwksDocument:
@@ -182,3 +142,69 @@ def internal_router(
         return JwksDocument.model_validate(document)
 
     return router
+
+
+async def heartbeat_task(dispatcher: Dispatcher, request: HeartbeatRequest) -> HeartbeatResponse:
+    """Extend the attempt's lease (:class:`StaleClaim` if it is not current) and
+    say what a source should do."""
+    control = dispatcher.control
+    fence = Fence(request.task_id, request.attempt, request.lease_token)
+    expires = await control.heartbeat(fence)
+    directive = await control.directive(request.task_id)
+    return HeartbeatResponse(ok=True, lease_expires_at=expires, directive=directive)
+
+
+async def report_task(dispatcher: Dispatcher, request: TaskCompleteRequest) -> TaskCompleteResponse:
+    """Record an attempt's reported outcome (see ``POST /internal/task-complete``)."""
+    if request.status == "Canceled":
+        return await _acknowledge_cancel(dispatcher, request)
+    if request.lease_token is None:
+        raise InvalidInput("lease_token", f"is required for status {request.status}")
+    fence = Fence(request.task_id, request.attempt, request.lease_token)
+    if request.status == "Completed":
+        events = to_events(request.events, "events")
+        done = await complete_attempt(dispatcher, fence, events=events, outputs=request.outputs)
+        return TaskCompleteResponse(
+            ok=True,
+            task_id=request.task_id,
+            status="Completed",
+            duplicate=done.duplicate,
+            event_ids=done.event_ids,
+        )
+    _only_completed_carries_results(request)
+    failed = await fail_attempt(
+        dispatcher,
+        fence,
+        request.error_message or "failed (no error message)",
+        retryable=request.retryable,
+    )
+    return TaskCompleteResponse(
+        ok=True,
+        task_id=request.task_id,
+        status=failed.status,
+        duplicate=failed.duplicate,
+        retrying=failed.retrying,
+    )
+
+
+async def _acknowledge_cancel(
+    dispatcher: Dispatcher, request: TaskCompleteRequest
+) -> TaskCompleteResponse:
+    _only_completed_carries_results(request)
+    state = await dispatcher.tasks.leases.inspect(request.task_id)
+    if state.status != "Canceled":
+        raise Conflict(
+            "not_canceled",
+            f"task {request.task_id} is {state.status}, not Canceled: nothing to acknowledge",
+        )
+    return TaskCompleteResponse(ok=True, task_id=request.task_id, status="Canceled")
+
+
+async def emit_task_events(dispatcher: Dispatcher, request: EventsRequest) -> EventsResponse:
+    """Accept mid-task events of the task's current attempt."""
+    accepted = await dispatcher.control.emit(
+        request.task_id, request.attempt, to_events(request.events, "events")
+    )
+    return EventsResponse(
+        ok=True, event_ids=accepted.event_ids, new=accepted.new, duplicates=accepted.duplicates
+    )

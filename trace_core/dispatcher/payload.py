@@ -3,9 +3,14 @@ Lambda is invoked with, so an operator runs without state-DB credentials.
 
 Shape (interface-contracts.md): ``task_id``, ``attempt``, ``status``,
 ``job {dag_name, name}``, ``operator``, ``config``, ``inputs`` (pinned dataset
-versions with their ``where`` filters and the unit of work), ``outputs``
-(dataset, version and version-addressed location by output index) and
-``partitions``.
+versions with their resolved storage ``location``, their ``where`` filters and
+the unit of work), ``outputs`` (dataset, version and version-addressed
+location by output index) and ``partitions``.
+
+An input's ``location`` is the ``storage_location`` of its pinned dataset
+version (``None`` only if that version row is gone). Pinned versions are
+normally among the task's DAG version pointers, already read for the
+outputs; any other is looked up in one more query.
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ async def task_payloads(
     ).mappings()
     tasks = list(rows)
     locations = await _output_locations(conn, {r["dag_version_id"] for r in tasks})
+    stored = await _input_locations(conn, tasks, locations)
     payloads = {}
     for row in tasks:
         pointers = locations.get(row["dag_version_id"], {})
@@ -65,7 +71,10 @@ async def task_payloads(
                     "location": location,
                 }
             )
-        inputs = (row["input_versions"] or {}).get("inputs", [])
+        inputs = [
+            {**item, "location": stored.get(version) if (version := _version_of(item)) else None}
+            for item in (row["input_versions"] or {}).get("inputs", [])
+        ]
         config = {k: v for k, v in (row["config"] or {}).items() if k != INPUTS_WHERE_KEY}
         payloads[row["id"]] = {
             "task_id": str(row["id"]),
@@ -98,3 +107,38 @@ async def _output_locations(
     for dag_version, dataset, version, location in rows:
         found.setdefault(dag_version, {})[dataset] = (version, location)
     return found
+
+
+def _version_of(item: Any) -> uuid.UUID | None:
+    """The pinned dataset version of a stored input entry (``None`` if unreadable)."""
+    try:
+        return uuid.UUID(str(item["dataset_version"]))
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+async def _input_locations(
+    conn: AsyncConnection,
+    tasks: Sequence[Any],
+    pointers: dict[uuid.UUID, dict[uuid.UUID, tuple[uuid.UUID, str]]],
+) -> dict[uuid.UUID, str]:
+    """``storage_location`` of every pinned input version of ``tasks``."""
+    known = {
+        version: location
+        for by_dataset in pointers.values()
+        for version, location in by_dataset.values()
+    }
+    wanted = {
+        version
+        for row in tasks
+        for item in (row["input_versions"] or {}).get("inputs", [])
+        if (version := _version_of(item)) is not None
+    }
+    missing = wanted - known.keys()
+    if missing:
+        v = schema.dataset_versions
+        rows = await conn.execute(
+            sa.select(v.c.id, v.c.storage_location).where(v.c.id.in_(sorted(missing)))
+        )
+        known.update({version: location for version, location in rows})
+    return known

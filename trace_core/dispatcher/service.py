@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio.abc
 
@@ -45,6 +45,9 @@ from trace_core.outbox import OutboxRelay, RelayConfig
 from trace_core.ports import LambdaInvoker, WakeupQueue
 from trace_core.storage.sql import SqlRepository
 from trace_core.tasks import ENQUEUE_TASK, TaskQueue
+
+if TYPE_CHECKING:
+    from trace_core.dispatcher.capabilities import CapabilityIssuer
 
 __all__ = ["Dispatcher", "DispatcherConfig"]
 
@@ -82,6 +85,7 @@ class Dispatcher:
         lambdas: LambdaInvoker | None = None,
         config: DispatcherConfig | None = None,
         worker_id: str | None = None,
+        capabilities: CapabilityIssuer | None = None,
     ) -> None:
         self.repo = repo
         self.clock = clock or SystemClock()
@@ -109,6 +113,7 @@ class Dispatcher:
             gateway=self.gateway,
             claim=self.gate.claim,
             directive=self.sources.directive,
+            capabilities=capabilities,
         )
         self.runner = InProcessRunner(self.control, operators, worker_id=worker, config=cfg.runner)
         self.launcher = TaskLauncher(

@@ -2,15 +2,28 @@
 
 The claims are the single source of truth for what a task attempt may read
 and write (interface-contracts.md "UDF Data Access Token"): the pinned input
-dataset versions with their storage locations, the output prefix and the
+dataset versions with their storage locations, the output prefixes and the
 scratch prefix. Prefixes must already be canonical ``s3://bucket/prefix/``
 strings (dispatcher.md "Scope derivation", checked by
 :mod:`trace_core.security.scopes`): nothing here normalizes, it only accepts
 or rejects, so the signed text is exactly what policies are built from.
+
+Two shapes follow from what a task can be:
+
+* ``output_prefixes`` is a list: a job may have several outputs, each a
+  dataset version with its own prefix, and no common prefix short of the
+  whole org. It may be empty, when every output is a Postgres table (those
+  are written through the dataset buffer, never with S3 credentials).
+* An input's ``location`` is either a canonical S3 prefix or
+  ``postgres_table:<table>`` (a Postgres-backed dataset version; the table
+  name is a lowercase unquoted identifier). Both stay in ``inputs`` so the
+  Query Service can attach every input the task may read; only S3 locations
+  enter the credential :meth:`~CapabilityClaims.scope`.
 """
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -18,16 +31,21 @@ from datetime import UTC, datetime
 from typing import Any, Literal, get_args
 
 from trace_core.errors import InvalidInput, TraceError
-from trace_core.security.scopes import S3Prefix, Scope
+from trace_core.security.scopes import InvalidScope, S3Prefix, Scope
 
 __all__ = [
     "CAPABILITY_FAILURES",
+    "POSTGRES_TABLE_SCHEME",
     "CapabilityClaims",
     "CapabilityFailure",
     "DatasetInput",
     "InvalidCapability",
     "task_subject",
 ]
+
+POSTGRES_TABLE_SCHEME = "postgres_table:"
+"""Location prefix of a Postgres-backed dataset version (``postgres_table:<table>``)."""
+_TABLE_RE = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 
 CapabilityFailure = Literal[
     "oversized",
@@ -81,6 +99,20 @@ def _require_s3_prefix(url: object, field: str) -> str:
     return S3Prefix.parse_canonical(url, field=field).uri
 
 
+def _require_location(location: object, field: str) -> S3Prefix | None:
+    """Check an input location: a canonical S3 prefix (returned) or a Postgres table (None)."""
+    if isinstance(location, str) and location.startswith(POSTGRES_TABLE_SCHEME):
+        if not _TABLE_RE.fullmatch(location[len(POSTGRES_TABLE_SCHEME) :]):
+            raise InvalidScope(
+                field,
+                "table-name",
+                "a postgres_table location must name a lowercase unquoted identifier "
+                "of 1-63 characters ([a-z_][a-z0-9_]*)",
+            )
+        return None
+    return S3Prefix.parse_canonical(location, field=field)
+
+
 def _claim_error(exc: InvalidInput, prefix: str = "") -> InvalidCapability:
     # Name the field and rule only: scope errors quote the offending value.
     rule = getattr(exc, "rule", "invalid")
@@ -89,7 +121,11 @@ def _claim_error(exc: InvalidInput, prefix: str = "") -> InvalidCapability:
 
 @dataclass(frozen=True)
 class DatasetInput:
-    """One input the task may read: a pinned dataset version at its location."""
+    """One input the task may read: a pinned dataset version at its location.
+
+    ``location`` is a canonical ``s3://bucket/prefix/`` or
+    ``postgres_table:<table>`` (see the module docstring).
+    """
 
     dataset_uuid: uuid.UUID
     dataset_version: uuid.UUID
@@ -98,9 +134,21 @@ class DatasetInput:
     """The edge's read-time filter predicate, if any (ADR 0007)."""
 
     def __post_init__(self) -> None:
-        _require_s3_prefix(self.location, "location")
+        _require_location(self.location, "location")
         if self.where is not None and not isinstance(self.where, str):
             raise InvalidInput("where", "must be a string or None")
+
+    @property
+    def s3_prefix(self) -> S3Prefix | None:
+        """The input's S3 prefix, or ``None`` for a Postgres table."""
+        return _require_location(self.location, "location")
+
+    @property
+    def postgres_table(self) -> str | None:
+        """The input's Postgres table name, or ``None`` for an S3 prefix."""
+        if self.location.startswith(POSTGRES_TABLE_SCHEME):
+            return self.location[len(POSTGRES_TABLE_SCHEME) :]
+        return None
 
     def to_json(self) -> dict[str, Any]:
         """The JSON object of this input inside the token."""
@@ -131,7 +179,9 @@ class CapabilityClaims:
     iat: int
     jti: str
     inputs: tuple[DatasetInput, ...]
-    output_prefix: str
+    output_prefixes: tuple[str, ...]
+    """One canonical S3 prefix per S3 output, in output order, no duplicates
+    (empty when every output is a Postgres table)."""
     scratch_prefix: str
 
     def __post_init__(self) -> None:
@@ -151,7 +201,12 @@ class CapabilityClaims:
         for index, item in enumerate(self.inputs):
             if not isinstance(item, DatasetInput):
                 raise InvalidInput(f"inputs[{index}]", "must be a DatasetInput")
-        _require_s3_prefix(self.output_prefix, "output_prefix")
+        if not isinstance(self.output_prefixes, tuple):
+            raise InvalidInput("output_prefixes", "must be a tuple of s3:// prefixes")
+        for index, prefix in enumerate(self.output_prefixes):
+            _require_s3_prefix(prefix, f"output_prefixes[{index}]")
+        if len(set(self.output_prefixes)) != len(self.output_prefixes):
+            raise InvalidScope("output_prefixes", "duplicate", "must not repeat a prefix")
         _require_s3_prefix(self.scratch_prefix, "scratch_prefix")
 
     @property
@@ -160,10 +215,14 @@ class CapabilityClaims:
         return datetime.fromtimestamp(self.exp, UTC)
 
     def scope(self) -> Scope:
-        """What the token grants in S3: read inputs and scratch, write output and scratch."""
-        return Scope.from_capability(
-            [item.location for item in self.inputs], self.output_prefix, self.scratch_prefix
-        )
+        """What the token grants in S3: read the S3 inputs and scratch, write the
+        outputs and scratch (Postgres inputs are read through the Query Service)."""
+        scratch = S3Prefix.parse_canonical(self.scratch_prefix, field="scratch_prefix")
+        reads = [p for p in (item.s3_prefix for item in self.inputs) if p is not None]
+        writes = [
+            S3Prefix.parse_canonical(p, field="output_prefixes") for p in self.output_prefixes
+        ]
+        return Scope(read=(*reads, scratch), write=(*writes, scratch))
 
     def to_payload(self) -> dict[str, Any]:
         """The JWT payload (JSON object) carrying these claims."""
@@ -178,7 +237,7 @@ class CapabilityClaims:
             "task_id": str(self.task_id),
             "attempt": self.attempt,
             "inputs": [item.to_json() for item in self.inputs],
-            "output_prefix": self.output_prefix,
+            "output_prefixes": list(self.output_prefixes),
             "scratch_prefix": self.scratch_prefix,
         }
 
@@ -200,6 +259,9 @@ class CapabilityClaims:
         raw_inputs = payload.get("inputs")
         if not isinstance(raw_inputs, list):
             raise InvalidCapability("invalid_claim", "claim inputs must be a list")
+        raw_outputs = payload.get("output_prefixes")
+        if not isinstance(raw_outputs, list):
+            raise InvalidCapability("invalid_claim", "claim output_prefixes must be a list")
         try:
             return cls(
                 iss=payload["iss"],
@@ -212,7 +274,10 @@ class CapabilityClaims:
                 iat=payload["iat"],
                 jti=payload["jti"],
                 inputs=tuple(_input(item, i) for i, item in enumerate(raw_inputs)),
-                output_prefix=_require_s3_prefix(payload.get("output_prefix"), "output_prefix"),
+                output_prefixes=tuple(
+                    _require_s3_prefix(p, f"output_prefixes[{i}]")
+                    for i, p in enumerate(raw_outputs)
+                ),
                 scratch_prefix=_require_s3_prefix(payload.get("scratch_prefix"), "scratch_prefix"),
             )
         except KeyError as exc:

@@ -93,10 +93,15 @@ class TokenIssuer:
         task_id: uuid.UUID,
         attempt: int,
         inputs: Sequence[DatasetInput],
-        output_prefix: str,
+        output_prefix: str | Sequence[str],
         scratch_prefix: str,
     ) -> CapabilityClaims:
-        """The claims :meth:`issue` would sign now (validated; ``InvalidInput`` if not)."""
+        """The claims :meth:`issue` would sign now (validated; ``InvalidInput`` if not).
+
+        ``output_prefix`` is one canonical prefix, or a sequence of them (a task
+        with several S3 outputs; empty when every output is a Postgres table).
+        """
+        outputs = (output_prefix,) if isinstance(output_prefix, str) else tuple(output_prefix)
         # Whole seconds, rounded down: a token is never issued in the future.
         now = math.floor(self._clock.now().timestamp())
         return CapabilityClaims(
@@ -110,7 +115,7 @@ class TokenIssuer:
             iat=now,
             jti=str(uuid.uuid4()),
             inputs=tuple(inputs),
-            output_prefix=output_prefix,
+            output_prefixes=outputs,
             scratch_prefix=scratch_prefix,
         )
 
@@ -119,7 +124,7 @@ class TokenIssuer:
         task_id: uuid.UUID,
         attempt: int,
         inputs: Sequence[DatasetInput],
-        output_prefix: str,
+        output_prefix: str | Sequence[str],
         scratch_prefix: str,
     ) -> str:
         """Return a signed token for ``(task_id, attempt)`` granting exactly these scopes.

@@ -1,0 +1,216 @@
+"""Capability tokens for claimed tasks: what each attempt may read and write.
+
+When a task is claimed, :class:`CapabilityIssuer` turns its payload into the
+grants of one capability token (interface-contracts.md "UDF Data Access
+Token"), signed by a :class:`~trace_core.security.TokenIssuer` for exactly
+that ``(task_id, attempt)``:
+
+``inputs``
+    every pinned input of the payload (``dataset_uuid``, ``dataset_version``,
+    the version's ``location`` and the edge's ``where``). An S3 location is a
+    read grant; a ``postgres_table:<table>`` location stays in ``inputs`` so
+    the Query Service can attach it, and is never an S3 grant.
+``output_prefixes``
+    the location of each output dataset version that lives in S3, in output
+    order. Outputs stored as Postgres tables get no prefix: they are written
+    through ``/v1/task/buffer-publish``.
+``scratch_prefix``
+    a prefix of the attempt's own, from a template such as
+    ``s3://trace-lite/{org}/scratch/{task_id}/{attempt}/``: a retried attempt
+    never reads or writes the scratch of the attempt it replaces.
+
+A payload the token cannot describe (an input whose version row is gone, a
+location that is not a canonical S3 prefix or a table, a token over the
+size limit) raises :class:`~trace_core.errors.InvalidInput`: issuing again
+would fail again.
+"""
+
+from __future__ import annotations
+
+import string
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+
+from trace_core.errors import ConfigurationError, InvalidInput, NotFound
+from trace_core.security.claims import POSTGRES_TABLE_SCHEME, DatasetInput
+from trace_core.security.scopes import S3Prefix
+from trace_core.security.tokens import TokenIssuer
+from trace_core.storage import schema
+from trace_core.storage.protocol import Repository
+from trace_core.storage.sql import as_sql
+
+__all__ = ["DEFAULT_SCRATCH_TEMPLATE", "CapabilityGrants", "CapabilityIssuer"]
+
+DEFAULT_SCRATCH_TEMPLATE = "s3://trace-lite/{org}/scratch/{task_id}/{attempt}/"
+"""Where an attempt's scratch prefix lives by default (the lite profile's bucket)."""
+
+_FIELDS = frozenset({"org", "task_id", "attempt"})
+_ORG_CACHE = 4096  # jobs; a job's org never changes, so entries never go stale
+
+
+@dataclass(frozen=True)
+class CapabilityGrants:
+    """What one attempt's token grants (the signed claims minus the JWT bookkeeping)."""
+
+    task_id: uuid.UUID
+    attempt: int
+    inputs: tuple[DatasetInput, ...]
+    output_prefixes: tuple[str, ...]
+    scratch_prefix: str
+
+
+def _template_fields(template: str) -> set[str]:
+    try:
+        parsed = list(string.Formatter().parse(template))
+    except ValueError as exc:
+        raise ConfigurationError(f"scratch template {template!r}: {exc}") from None
+    fields = set()
+    for _, name, spec, conversion in parsed:
+        if name is None:
+            continue
+        if spec or conversion:
+            raise ConfigurationError(
+                f"scratch template {template!r}: fields take no format spec or conversion"
+            )
+        fields.add(name)
+    return fields
+
+
+class CapabilityIssuer:
+    """Issues the capability token of a claimed task's attempt (module docstring).
+
+    ``scratch_template`` is a ``str.format`` template over ``{org}`` (the
+    task's org slug, read from ``repo`` once per job), ``{task_id}`` and
+    ``{attempt}``; the last two are required, and the result must be a
+    canonical ``s3://bucket/prefix/``. A template with ``{org}`` needs ``repo``.
+    """
+
+    def __init__(
+        self,
+        token_issuer: TokenIssuer,
+        *,
+        repo: Repository | None = None,
+        scratch_template: str = DEFAULT_SCRATCH_TEMPLATE,
+    ) -> None:
+        fields = _template_fields(scratch_template)
+        if not fields <= _FIELDS or not {"task_id", "attempt"} <= fields:
+            raise ConfigurationError(
+                f"scratch template {scratch_template!r} must use {{task_id}} and {{attempt}}, "
+                "and may use {org}; no other field"
+            )
+        if "org" in fields and repo is None:
+            raise ConfigurationError("a scratch template with {org} needs the repository")
+        sample = scratch_template.format(org="org", task_id=uuid.UUID(int=0), attempt=1)
+        try:
+            S3Prefix.parse_canonical(sample, field="scratch_template")
+        except InvalidInput as exc:
+            raise ConfigurationError(f"scratch template {scratch_template!r}: {exc}") from None
+        self._tokens = token_issuer
+        self._repo = repo
+        self._template = scratch_template
+        self._uses_org = "org" in fields
+        self._orgs: dict[uuid.UUID, str] = {}
+
+    async def issue_for(self, payload: Mapping[str, Any]) -> str:
+        """The signed token of the payload's ``(task_id, attempt)``.
+
+        ``payload`` is a task payload as claimed (``task_id``, ``attempt``,
+        ``job.id``, ``inputs`` with their ``location``, ``outputs``).
+        Raises :class:`InvalidInput` when the payload cannot be granted.
+        """
+        grants = await self.grants_for(payload)
+        return await self._tokens.issue(
+            grants.task_id,
+            grants.attempt,
+            grants.inputs,
+            grants.output_prefixes,
+            grants.scratch_prefix,
+        )
+
+    async def grants_for(self, payload: Mapping[str, Any]) -> CapabilityGrants:
+        """What :meth:`issue_for` would grant for ``payload`` (validated, unsigned)."""
+        task_id = _uuid(payload.get("task_id"), "task_id")
+        attempt = payload.get("attempt")
+        if type(attempt) is not int or attempt < 1:
+            raise InvalidInput("attempt", "must be an integer >= 1")
+        inputs = tuple(_inputs(payload.get("inputs") or ()))
+        outputs = _output_prefixes(payload.get("outputs") or ())
+        org = await self._org_of(payload) if self._uses_org else ""
+        scratch = self._template.format(org=org, task_id=task_id, attempt=attempt)
+        S3Prefix.parse_canonical(scratch, field="scratch_prefix")
+        return CapabilityGrants(task_id, attempt, inputs, outputs, scratch)
+
+    async def _org_of(self, payload: Mapping[str, Any]) -> str:
+        job = payload.get("job")
+        job_id = _uuid(job.get("id") if isinstance(job, Mapping) else None, "job.id")
+        slug = self._orgs.get(job_id)
+        if slug is not None:
+            return slug
+        assert self._repo is not None  # checked at construction
+        j, o = schema.jobs, schema.orgs
+        async with self._repo.read() as tx:
+            found = (
+                await as_sql(tx).connection.execute(
+                    sa.select(o.c.slug).join(j, j.c.org_id == o.c.id).where(j.c.id == job_id)
+                )
+            ).scalar_one_or_none()
+        if found is None:
+            raise NotFound(f"job {job_id} of the claimed task does not exist")
+        if len(self._orgs) >= _ORG_CACHE:
+            self._orgs.clear()
+        self._orgs[job_id] = found
+        return str(found)
+
+
+def _uuid(value: object, field: str) -> uuid.UUID:
+    try:
+        return value if isinstance(value, uuid.UUID) else uuid.UUID(str(value))
+    except ValueError:
+        raise InvalidInput(field, "must be a UUID") from None
+
+
+def _inputs(items: Sequence[Any]) -> list[DatasetInput]:
+    granted = []
+    for index, item in enumerate(items):
+        field = f"inputs[{index}]"
+        if not isinstance(item, Mapping):
+            raise InvalidInput(field, "must be an object")
+        location = item.get("location")
+        if location is None:
+            raise InvalidInput(
+                f"{field}.location", "the pinned dataset version has no storage location"
+            )
+        where = item.get("where")
+        try:
+            granted.append(
+                DatasetInput(
+                    _uuid(item.get("dataset_uuid"), f"{field}.dataset_uuid"),
+                    _uuid(item.get("dataset_version"), f"{field}.dataset_version"),
+                    location,
+                    where,
+                )
+            )
+        except InvalidInput as exc:
+            if exc.field.startswith(field):
+                raise
+            raise InvalidInput(f"{field}.{exc.field}", exc.reason) from None
+    return granted
+
+
+def _output_prefixes(items: Sequence[Any]) -> tuple[str, ...]:
+    prefixes: list[str] = []
+    for index, item in enumerate(items):
+        location = item.get("location") if isinstance(item, Mapping) else None
+        # An output without a version has nothing to write to: no grant.
+        if location is None or (
+            isinstance(location, str) and location.startswith(POSTGRES_TABLE_SCHEME)
+        ):
+            continue
+        prefix = S3Prefix.parse_canonical(location, field=f"outputs[{index}].location").uri
+        if prefix not in prefixes:
+            prefixes.append(prefix)
+    return tuple(prefixes)
