@@ -123,7 +123,42 @@ def _parser() -> argparse.ArgumentParser:
         default=".trace",
         help="directory of the signing keys and the credential key (default .trace/)",
     )
+    worker = sub.add_parser(
+        "worker",
+        help="claim tasks of worker streams over HTTP and run them",
+        description="The internal token is read from $TRACE_INTERNAL_TOKEN "
+        "(never from the command line). SIGTERM finishes the running task, then exits.",
+    )
+    worker.add_argument("--api", required=True, help="base URL of `trace-lite serve`")
+    worker.add_argument(
+        "--streams", required=True, help="comma-separated worker streams, in priority order"
+    )
+    worker.add_argument("--operators", help="module:attribute of the OperatorRegistry to run")
+    worker.add_argument("--worker-id", help="worker id (default <host>-<pid>)")
+    worker.add_argument(
+        "--max-tasks", type=_positive("--max-tasks"), help="exit after this many tasks"
+    )
+    worker.add_argument(
+        "--max-wait-ms",
+        type=_positive("--max-wait-ms"),
+        default=10_000,
+        help="long-poll wait of one claim (default 10000)",
+    )
     return parser
+
+
+def _worker(args: argparse.Namespace) -> int:
+    from trace_lite.worker_cli import WorkerConfig, default_worker_id, worker_main
+
+    config = WorkerConfig(
+        api=args.api,
+        streams=tuple(s.strip() for s in args.streams.split(",")),
+        worker_id=args.worker_id or default_worker_id(),
+        operators=args.operators,
+        max_tasks=args.max_tasks,
+        max_wait_ms=args.max_wait_ms,
+    )
+    return worker_main(config, os.environ)
 
 
 def _port(text: str) -> int:
@@ -247,6 +282,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "dag" and args.dag_command == "validate":
             return _dag_validate(args)
+        if args.command == "worker":
+            return _worker(args)
         url = _database_url(args.db)
         if args.command == "dag" and args.dag_command == "deploy":
             return anyio.run(_dag_deploy, args, url)

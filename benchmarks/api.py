@@ -1,0 +1,279 @@
+"""HTTP API benchmark: claim -> heartbeat -> complete round trips through ``trace-lite serve``.
+
+    python -m benchmarks.api --engine postgres --workers 4 --tasks 2000 --runs 3
+
+Per run: a fresh migrated database gets a one-job DAG (a manual source on
+``runtime: ecs_platform``, so nothing runs it in-process); ``trace-lite serve``
+starts in a subprocess on a free loopback port; ``--tasks`` tasks are created
+through ``POST /internal/trigger`` (not timed); then ``--workers`` worker OS
+processes, each with its own ``httpx.AsyncClient`` and one request in flight,
+take their share of the task ids and loop ``POST /internal/task-claim`` (by
+id) -> ``POST /internal/heartbeat`` -> ``POST /internal/task-complete``. The
+clock runs from a shared start signal to the last completion.
+
+One JSON object per run on stdout (``bench, engine, workers, tasks, seconds,
+round_trips_per_s`` = triples per second, ``p50_ms``/``p99_ms`` per triple),
+then a summary with medians when ``--runs`` > 1; logs go to stderr. Without
+``--db`` Postgres runs on a throwaway cluster, SQLite on temporary files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import multiprocessing as mp
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from benchmarks._common import Databases, count_tasks, emit, log, percentile, summarize
+
+__all__ = ["main"]
+
+TOKEN = "benchmark-api-token-0123456789abcdef"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+OPERATORS_REF = "benchmarks.api:OPERATORS_FACTORY"
+_KEYS = ("seconds", "round_trips_per_s", "p50_ms", "p99_ms")
+DAG = """
+dag: bench
+jobs:
+  - name: work
+    activation: source
+    runtime: ecs_platform
+    operator: bench
+    source: { kind: manual }
+    heartbeat_timeout_seconds: 60
+    outputs: [ { dataset: benched } ]
+"""
+
+
+def OPERATORS_FACTORY() -> Any:
+    """The registry of the benchmark DAG: one operator that nothing runs in-process."""
+    from trace_core.dispatcher.operators import OperatorRegistry, OperatorSpec
+
+    def bench(ctx: Any) -> None:
+        raise AssertionError("benchmark tasks are run over HTTP, not in-process")
+
+    return OperatorRegistry([OperatorSpec("bench", bench, source=True)])
+
+
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.api", description=__doc__.split("\n")[0])
+    p.add_argument("--engine", choices=("sqlite", "postgres"), required=True)
+    p.add_argument("--db", help="Postgres server URL or SQLite file URL (default: throwaway)")
+    p.add_argument("--workers", type=int, default=4, help="worker OS processes")
+    p.add_argument("--tasks", type=int, default=2000, help="tasks per run")
+    p.add_argument("--runs", type=int, default=3, help="runs; the summary has medians")
+    p.add_argument("-v", "--verbose", action="store_true")
+    args = p.parse_args(argv)
+    for name in ("workers", "tasks", "runs"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name} must be >= 1")
+    return args
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+async def _deploy(url: str) -> None:
+    from trace_core.dag import parse_dag
+    from trace_core.dispatcher.service import Dispatcher
+    from trace_core.storage.sql import SqlRepository
+
+    operators = OPERATORS_FACTORY()
+    repo = SqlRepository(url)
+    try:
+        await Dispatcher(repo, operators=operators).deploy(
+            parse_dag(DAG, operators=operators.names())
+        )
+    finally:
+        await repo.close()
+
+
+def _start_server(url: str, data_dir: Path, log_file: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """``trace-lite serve`` on a free port, once it answers; its base URL."""
+    import httpx
+
+    port = _free_port()
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "TRACE_INTERNAL_TOKEN": TOKEN, "PYTHONPATH": str(root)}
+    command = [sys.executable, "-m", "trace_lite.cli", "serve", "--db", url]
+    command += ["--port", str(port), "--data-dir", str(data_dir), "--log-level", "warning"]
+    command += ["--operators", OPERATORS_REF]
+    with log_file.open("wb") as out:
+        server = subprocess.Popen(command, env=env, cwd=root, stdout=out, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        if server.poll() is not None:
+            raise RuntimeError("serve exited:\n" + log_file.read_text())
+        try:
+            if httpx.get(f"{base}/openapi.json", timeout=5).status_code == 200:
+                return server, base
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline:
+            server.kill()
+            raise RuntimeError("serve did not start within 60 s")
+        time.sleep(0.05)
+
+
+async def _create_tasks(base: str, count: int) -> list[str]:
+    import httpx
+
+    ids: list[str] = [""] * count
+    limit = anyio.Semaphore(16)
+
+    async def one(client: httpx.AsyncClient, index: int) -> None:
+        async with limit:
+            answer = await client.post(
+                "/internal/trigger", json={"job": "bench/work", "key": f"k{index}"}
+            )
+            answer.raise_for_status()
+            ids[index] = str(answer.json()["task_id"])
+
+    async with (
+        httpx.AsyncClient(base_url=base, headers=AUTH, timeout=60) as client,
+        anyio.create_task_group() as group,
+    ):
+        for index in range(count):
+            group.start_soon(one, client, index)
+    return ids
+
+
+async def _work(base: str, task_ids: list[str], worker_id: str) -> list[float]:
+    """claim -> heartbeat -> complete for each id; the seconds of each triple."""
+    import httpx
+
+    timings: list[float] = []
+    async with httpx.AsyncClient(base_url=base, headers=AUTH, timeout=60) as client:
+        for task_id in task_ids:
+            began = time.perf_counter()
+            claim = await client.post(
+                "/internal/task-claim", json={"task_id": task_id, "worker_id": worker_id}
+            )
+            body = claim.json()
+            if body.get("status") != "Claimed":
+                raise RuntimeError(f"task {task_id} not claimed: {body}")
+            fence = {
+                "task_id": task_id,
+                "attempt": body["attempt"],
+                "lease_token": body["lease_token"],
+            }
+            beat = await client.post("/internal/heartbeat", json=fence)
+            beat.raise_for_status()
+            done = await client.post(
+                "/internal/task-complete",
+                json={**fence, "status": "Completed", "events": [], "error_message": None},
+            )
+            done.raise_for_status()
+            timings.append(time.perf_counter() - began)
+    return timings
+
+
+def _worker_process(base: str, task_ids: list[str], index: int, start: Any, results: Any) -> None:
+    """A worker OS process: wait for the start signal, run its share, report timings."""
+    start.wait()
+    try:
+        results.put((index, asyncio.run(_work(base, task_ids, f"bench-{index}")), None))
+    except Exception as exc:  # reported to the parent, which fails the run
+        results.put((index, [], repr(exc)))
+
+
+def _run(args: argparse.Namespace, dbs: Databases, run: int, scratch: Path) -> dict[str, Any]:
+    url = dbs.fresh(f"api{run}")
+    anyio.run(_deploy, url)
+    server, base = _start_server(url, scratch / f"data{run}", scratch / f"serve{run}.log")
+    try:
+        ids = anyio.run(_create_tasks, base, args.tasks)
+        context = mp.get_context("spawn")
+        start = context.Event()
+        results = context.Queue()
+        shares = [ids[i :: args.workers] for i in range(args.workers)]
+        workers = [
+            context.Process(target=_worker_process, args=(base, share, i, start, results))
+            for i, share in enumerate(shares)
+        ]
+        for worker in workers:
+            worker.start()
+        time.sleep(0.5)  # let the interpreters start: setup, not synchronization of results
+        began = time.perf_counter()
+        start.set()
+        timings: list[float] = []
+        errors: list[str] = []
+        for _ in workers:
+            _, got, error = results.get(timeout=600)
+            timings += got
+            if error:
+                errors.append(error)
+        seconds = time.perf_counter() - began
+        for worker in workers:
+            worker.join(timeout=60)
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+    if errors:
+        raise RuntimeError(f"workers failed: {errors}")
+    statuses = count_tasks(url)
+    ms = sorted(t * 1000 for t in timings)
+    row = {
+        "bench": "api",
+        "engine": args.engine,
+        "run": run,
+        "workers": args.workers,
+        "tasks": args.tasks,
+        "seconds": round(seconds, 3),
+        "round_trips_per_s": round(len(timings) / seconds, 1),
+        "p50_ms": round(percentile(ms, 50), 2),
+        "p99_ms": round(percentile(ms, 99), 2),
+        "verified": statuses == {"Completed": args.tasks},
+    }
+    emit(row)
+    return row
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the benchmark (module docstring); the exit code."""
+    args = _parse(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        stream=sys.stderr,
+        format="%(asctime)s %(name)s %(message)s",
+    )
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    with Databases(args.engine, args.db) as dbs, tempfile.TemporaryDirectory() as scratch:
+        rows = [_run(args, dbs, run, Path(scratch)) for run in range(args.runs)]
+    if args.runs > 1:
+        emit(
+            {
+                "bench": "api",
+                "engine": args.engine,
+                "summary": True,
+                "runs": args.runs,
+                "workers": args.workers,
+                "tasks": args.tasks,
+                "all_verified": all(r["verified"] for r in rows),
+                "round_trips_per_s_all": [r["round_trips_per_s"] for r in rows],
+                **summarize(rows, _KEYS),
+            }
+        )
+    log.info("done")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
