@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import math
@@ -45,6 +46,18 @@ Engine = Literal["sqlite", "postgres"]
 
 
 # --- statistics --------------------------------------------------------------
+
+
+def benchmark_parser(prog: str, doc: str | None) -> argparse.ArgumentParser:
+    """The parser every benchmark starts from: ``--engine`` and ``--db``."""
+    p = argparse.ArgumentParser(prog=prog, description=(doc or "").split("\n")[0])
+    p.add_argument("--engine", choices=("sqlite", "postgres"), required=True)
+    p.add_argument(
+        "--db",
+        help="Postgres: a server URL (a new database is created on it per run); "
+        "SQLite: a file URL (deleted and recreated per run). Default: throwaway.",
+    )
+    return p
 
 
 def median(values: Sequence[float]) -> float:

@@ -35,7 +35,15 @@ from typing import Any
 
 import anyio
 
-from benchmarks._common import Databases, count_tasks, emit, log, percentile, summarize
+from benchmarks._common import (
+    Databases,
+    benchmark_parser,
+    count_tasks,
+    emit,
+    log,
+    percentile,
+    summarize,
+)
 
 __all__ = ["main"]
 
@@ -67,9 +75,7 @@ def OPERATORS_FACTORY() -> Any:
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.api", description=__doc__.split("\n")[0])
-    p.add_argument("--engine", choices=("sqlite", "postgres"), required=True)
-    p.add_argument("--db", help="Postgres server URL or SQLite file URL (default: throwaway)")
+    p = benchmark_parser("python -m benchmarks.api", __doc__)
     p.add_argument("--workers", type=int, default=4, help="worker OS processes")
     p.add_argument("--tasks", type=int, default=2000, help="tasks per run")
     p.add_argument("--runs", type=int, default=3, help="runs; the summary has medians")

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks._common import Databases, emit, log, summarize
+from benchmarks._common import Databases, benchmark_parser, emit, log, summarize
 
 __all__ = ["main"]
 
@@ -37,15 +37,7 @@ _DRAIN_KEYS = (
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="python -m benchmarks.queue", description=__doc__.split("\n")[0]
-    )
-    p.add_argument("--engine", choices=("sqlite", "postgres"), required=True)
-    p.add_argument(
-        "--db",
-        help="Postgres: a server URL (a new database is created on it per run); "
-        "SQLite: a file URL (deleted and recreated per run). Default: throwaway.",
-    )
+    p = benchmark_parser("python -m benchmarks.queue", __doc__)
     p.add_argument("--mode", choices=("drain", "claim-cost", "latency", "all"), default="drain")
     p.add_argument("--tasks", type=int, default=20_000, help="drain: tasks per run")
     p.add_argument("--workers", type=int, default=4, help="drain: worker OS processes")

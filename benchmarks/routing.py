@@ -29,7 +29,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from benchmarks._common import Databases, emit, log, summarize
+from benchmarks._common import Databases, benchmark_parser, emit, log, summarize
 
 __all__ = ["main"]
 
@@ -48,15 +48,7 @@ _KEYS = (
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="python -m benchmarks.routing", description=__doc__.split("\n")[0]
-    )
-    p.add_argument("--engine", choices=("sqlite", "postgres"), required=True)
-    p.add_argument(
-        "--db",
-        help="Postgres: a server URL (a new database is created on it per run); "
-        "SQLite: a file URL (deleted and recreated per run). Default: throwaway.",
-    )
+    p = benchmark_parser("python -m benchmarks.routing", __doc__)
     p.add_argument("--events", type=int, default=10_000, help="distinct partition events")
     p.add_argument("--dependents", type=int, default=10, help="reactive PerPartition jobs")
     p.add_argument(
