@@ -60,6 +60,17 @@ def benchmark_parser(prog: str, doc: str | None) -> argparse.ArgumentParser:
     return p
 
 
+def configure_logging(verbose: bool, *quiet: str) -> None:
+    """Log to stderr (stdout carries the JSON); alembic and ``quiet`` loggers at WARNING."""
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        stream=sys.stderr,
+        format="%(asctime)s %(name)s %(message)s",
+    )
+    for name in ("alembic", *quiet):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
 def median(values: Sequence[float]) -> float:
     """The median (0.0 for no values)."""
     return float(statistics.median(values)) if values else 0.0

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import multiprocessing as mp
 import os
 import socket
@@ -38,6 +37,7 @@ import anyio
 from benchmarks._common import (
     Databases,
     benchmark_parser,
+    configure_logging,
     count_tasks,
     emit,
     log,
@@ -254,13 +254,7 @@ def _run(args: argparse.Namespace, dbs: Databases, run: int, scratch: Path) -> d
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the benchmark (module docstring); the exit code."""
     args = _parse(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        stream=sys.stderr,
-        format="%(asctime)s %(name)s %(message)s",
-    )
-    logging.getLogger("alembic").setLevel(logging.WARNING)
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+    configure_logging(args.verbose, "httpx")
     with Databases(args.engine, args.db) as dbs, tempfile.TemporaryDirectory() as scratch:
         rows = [_run(args, dbs, run, Path(scratch)) for run in range(args.runs)]
     if args.runs > 1:

@@ -14,14 +14,13 @@ migrated database.
 from __future__ import annotations
 
 import argparse
-import logging
 import pstats
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks._common import Databases, benchmark_parser, emit, log, summarize
+from benchmarks._common import Databases, benchmark_parser, configure_logging, emit, log, summarize
 
 __all__ = ["main"]
 
@@ -162,12 +161,7 @@ def _latency(args: argparse.Namespace, dbs: Databases) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parse(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        stream=sys.stderr,
-        format="%(asctime)s %(name)s %(message)s",
-    )
-    logging.getLogger("alembic").setLevel(logging.WARNING)
+    configure_logging(args.verbose)
     with Databases(args.engine, args.db, keep=args.keep) as dbs:
         if args.mode in ("drain", "all"):
             _drain(args, dbs)

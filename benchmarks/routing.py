@@ -23,13 +23,12 @@ files in a temporary directory.
 from __future__ import annotations
 
 import argparse
-import logging
 import pstats
 import sys
 from collections.abc import Sequence
 from typing import Any
 
-from benchmarks._common import Databases, benchmark_parser, emit, log, summarize
+from benchmarks._common import Databases, benchmark_parser, configure_logging, emit, log, summarize
 
 __all__ = ["main"]
 
@@ -89,12 +88,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from benchmarks._routing import RoutingParams, run_routing
 
     args = _parse(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        stream=sys.stderr,
-        format="%(asctime)s %(name)s %(message)s",
-    )
-    logging.getLogger("alembic").setLevel(logging.WARNING)
+    configure_logging(args.verbose)
     rows: list[dict[str, Any]] = []
     with Databases(args.engine, args.db, keep=args.keep) as dbs:
         for run in range(args.runs):
