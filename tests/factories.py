@@ -17,6 +17,7 @@ from typing import Any
 import anyio
 import sqlalchemy as sa
 
+from trace_core.clock import ManualClock
 from trace_core.model import QueueSpec
 from trace_core.standalone import ensure_standalone_job
 from trace_core.storage import schema
@@ -265,3 +266,27 @@ def relay_partition(ctx: Any) -> Any:
         end=unit["end"],
     )
     return OperatorResult(events=[event], outputs=[{"read": unit["dataset_version"]}])
+
+
+async def set_progress(
+    repo: SqlRepository,
+    version: uuid.UUID,
+    dataset: uuid.UUID,
+    ranges: list[list[int]],
+    cursor: int | None,
+    clock: ManualClock,
+) -> None:
+    """Replace the recorded coverage of a dataset version (ranges, max cursor)."""
+    g = schema.dataset_version_progress
+    async with repo.transaction() as tx:
+        await tx.connection.execute(sa.delete(g).where(g.c.dataset_version == version))
+        await tx.connection.execute(
+            sa.insert(g).values(
+                dataset_version=version,
+                dataset_uuid=dataset,
+                ranges=ranges,
+                max_cursor=cursor,
+                events=1,
+                updated_at=clock.now(),
+            )
+        )

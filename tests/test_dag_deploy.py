@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
+from tests.factories import set_progress
 from trace_core.clock import ManualClock
 from trace_core.dag import (
     DagDocument,
@@ -354,29 +355,6 @@ async def test_org_override_and_file_org(repo: SqlRepository, clock: ManualClock
 
 
 # --- activation ---------------------------------------------------------------
-
-
-async def set_progress(
-    repo: SqlRepository,
-    version: uuid.UUID,
-    dataset: uuid.UUID,
-    ranges: list[list[int]],
-    cursor: int | None,
-    clock: ManualClock,
-) -> None:
-    g = schema.dataset_version_progress
-    async with repo.transaction() as tx:
-        await tx.connection.execute(sa.delete(g).where(g.c.dataset_version == version))
-        await tx.connection.execute(
-            sa.insert(g).values(
-                dataset_version=version,
-                dataset_uuid=dataset,
-                ranges=ranges,
-                max_cursor=cursor,
-                events=1,
-                updated_at=clock.now(),
-            )
-        )
 
 
 async def cover_everything(repo: SqlRepository, v1: DeployResult, v2: DeployResult) -> None:

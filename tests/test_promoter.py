@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
+from tests.factories import set_progress
 from trace_core.clock import ManualClock
 from trace_core.dag import DeployResult, deploy, parse_dag
 from trace_core.dispatcher.periodic import PeriodicService
@@ -33,29 +34,6 @@ async def first_and_building(
     v2 = await deploy(repo, parse_dag(CHAIN_FILTER_CHANGED, file="chain.yaml"), clock=clock)
     assert v2.status == "building"
     return v1, v2
-
-
-async def set_progress(
-    repo: SqlRepository,
-    version: uuid.UUID,
-    dataset: uuid.UUID,
-    ranges: list[list[int]],
-    cursor: int | None,
-    clock: ManualClock,
-) -> None:
-    g = schema.dataset_version_progress
-    async with repo.transaction() as tx:
-        await tx.connection.execute(sa.delete(g).where(g.c.dataset_version == version))
-        await tx.connection.execute(
-            sa.insert(g).values(
-                dataset_version=version,
-                dataset_uuid=dataset,
-                ranges=ranges,
-                max_cursor=cursor,
-                events=1,
-                updated_at=clock.now(),
-            )
-        )
 
 
 async def cover_current(
