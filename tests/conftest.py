@@ -22,6 +22,8 @@ from trace_core.storage.migrate import upgrade
 from trace_core.storage.sql import SqlRepository
 from trace_lite.pgcluster import PostgresCluster, external_postgres_url
 
+pytest_plugins = ["tests.spark_fixtures"]
+
 ENGINES = ("sqlite", "postgres")
 _TEMPLATE_DB = "trace_template"
 _counter = itertools.count()

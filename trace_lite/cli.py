@@ -144,7 +144,47 @@ def _parser() -> argparse.ArgumentParser:
         default=10_000,
         help="long-poll wait of one claim (default 10000)",
     )
+    run = sub.add_parser(
+        "run",
+        help="run a pipeline DAG end to end in this process, with live progress",
+        description="Starts the whole lite platform (Dispatcher, workers, Spark, sink), "
+        "deploys the DAG, follows its source over the block range and prints a summary.",
+    )
+    run.add_argument("file", help="the DAG file, e.g. examples/chain_pipeline.yaml")
+    run.add_argument("--db", help=db_help)
+    run.add_argument("--data-db", help="data database URL (default sqlite:///<data-dir>/data.db)")
+    run.add_argument("--data-dir", default=".trace", help="keys, objects, databases (.trace/)")
+    run.add_argument(
+        "--blocks", type=_positive("--blocks"), help="follow this many blocks (default: the DAG's)"
+    )
+    run.add_argument("--workers", type=_positive("--workers"), default=4, help="worker threads")
+    run.add_argument("--spark-master", default="local[*]", help="Spark master (local[*])")
+    run.add_argument("--spark-remote", help="Spark Connect URL (sc://host:port) instead")
+    run.add_argument(
+        "--timeout", type=_positive("--timeout"), default=3600, help="give up after (s)"
+    )
     return parser
+
+
+def _run(args: argparse.Namespace) -> int:
+    from trace_lite.platform import LiteConfig
+    from trace_lite.run_command import RunOptions, run_pipeline
+    from trace_lite.spark import SparkConfig
+
+    if args.db:
+        parse_database_url(args.db)
+    if args.data_db:
+        parse_database_url(args.data_db)
+    config = LiteConfig(
+        data_dir=Path(args.data_dir),
+        database_url=args.db,
+        data_database_url=args.data_db,
+        workers=args.workers,
+        spark=SparkConfig(master=args.spark_master, remote=args.spark_remote),
+    )
+    options = RunOptions(Path(args.file), config, blocks=args.blocks, timeout_seconds=args.timeout)
+    summary = anyio.run(run_pipeline, options, sys.stdout)
+    return 0 if summary.finished else 1
 
 
 def _worker(args: argparse.Namespace) -> int:
@@ -284,6 +324,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _dag_validate(args)
         if args.command == "worker":
             return _worker(args)
+        if args.command == "run":
+            return _run(args)
         url = _database_url(args.db)
         if args.command == "dag" and args.dag_command == "deploy":
             return anyio.run(_dag_deploy, args, url)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 
 from trace_core.errors import TraceError
@@ -38,6 +39,12 @@ class LocalObjectStore:
     def handle(self, credentials: MintedCredentials) -> ScopedObjectStore:
         """A handle confined to what ``credentials`` allow."""
         return ScopedObjectStore(self, credentials)
+
+    def handle_for(self, values: Mapping[str, str]) -> ScopedObjectStore:
+        """A handle for credentials in their wire form (a task context's
+        ``credentials``); forged or expired ones raise
+        :class:`~trace_core.errors.InvalidInput`."""
+        return ScopedObjectStore(self, self.minter.restore(values))
 
     def _path(self, uri: str) -> Path:
         # parse_object_uri refuses traversal, encodings and empty segments, so
@@ -73,6 +80,13 @@ class ScopedObjectStore:
             Path(tmp).unlink(missing_ok=True)
             raise
 
+    def local_path(self, uri: str, action: StoreAction) -> Path:
+        """The file behind ``uri`` for a tool that does its own file I/O (Spark,
+        pyarrow); checked like :meth:`get` (``read``) or :meth:`put` (``write``).
+        Such a writer must itself write atomically (stage, then rename)."""
+        self._require(action, uri)
+        return self._store._path(uri)
+
     def list(self, prefix: str) -> list[str]:
         """Keys under ``prefix`` (sorted ``s3://`` URIs); :class:`AccessDenied`
         unless listing that prefix is allowed."""
@@ -83,8 +97,11 @@ class ScopedObjectStore:
             return []
         found = []
         for path in base.rglob("*"):
-            if path.is_file() and not path.name.startswith(".put-"):
-                key = path.relative_to(base).as_posix()
+            relative = path.relative_to(base)
+            # Dot-names are writes in progress (a put's temporary file, a
+            # Spark staging directory): never visible as objects.
+            if path.is_file() and not any(part.startswith(".") for part in relative.parts):
+                key = relative.as_posix()
                 if key.startswith(key_prefix):
                     found.append(f"s3://{bucket}/{key}")
         return sorted(found)

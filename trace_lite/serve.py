@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import importlib
 import os
-import secrets
 import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -39,6 +38,14 @@ from trace_core.dispatcher.operators import OperatorRegistry
 from trace_core.errors import ConfigurationError
 from trace_core.security.jwks import KeyRing
 from trace_core.storage.migrate import current_revision, head_revision
+from trace_lite.credentials import (
+    TOKEN_AUDIENCE,
+    TOKEN_ISSUER,
+    TOKEN_TTL_SECONDS,
+    capability_issuer,
+    token_verifier,
+)
+from trace_lite.secret_files import read_or_create_secret
 
 __all__ = [
     "TOKEN_AUDIENCE",
@@ -54,13 +61,8 @@ __all__ = [
 ]
 
 TOKEN_ENV = "TRACE_INTERNAL_TOKEN"
-TOKEN_ISSUER = "trace-lite"
-TOKEN_AUDIENCE = "trace-task"
-TOKEN_TTL_SECONDS = 3600
-"""Capability tokens last an hour (the key ring's default retention covers it)."""
 _MAX_TOKEN_FILE = 4096
 _MINTER_KEY_FILE = "credentials.key"
-_MINTER_KEY_BYTES = 32
 
 
 @dataclass(frozen=True)
@@ -152,43 +154,9 @@ def open_signing_keys(data_dir: str | os.PathLike[str], clock: Clock) -> KeyRing
 
 
 def read_minter_key(data_dir: str | os.PathLike[str]) -> bytes:
-    """The credential minter's key from ``<data_dir>/credentials.key``, created if absent.
-
-    The file must be a regular file of the current user that nobody else can
-    read or write; otherwise :class:`ConfigurationError` names it.
-    """
-    directory = Path(data_dir)
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-    path = directory / _MINTER_KEY_FILE
-    flags = os.O_NOFOLLOW | os.O_CLOEXEC
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | flags, 0o600)
-    except FileExistsError:
-        pass
-    else:
-        try:
-            os.fchmod(fd, 0o600)
-            os.write(fd, secrets.token_bytes(_MINTER_KEY_BYTES))
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    try:
-        fd = os.open(path, os.O_RDONLY | flags)
-    except OSError as exc:
-        raise ConfigurationError(f"credential key {path}: {exc.strerror}") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
-            raise ConfigurationError(
-                f"credential key {path}: must be a regular file of this user that "
-                f"nobody else can access (mode {stat.S_IMODE(st.st_mode):o}); chmod 600 it"
-            )
-        key = os.read(fd, _MINTER_KEY_BYTES + 1)
-    finally:
-        os.close(fd)
-    if len(key) != _MINTER_KEY_BYTES:
-        raise ConfigurationError(f"credential key {path}: must hold exactly 32 bytes")
-    return key
+    """The credential minter's key from ``<data_dir>/credentials.key``, created if absent
+    (see :func:`~trace_lite.secret_files.read_or_create_secret`)."""
+    return read_or_create_secret(Path(data_dir) / _MINTER_KEY_FILE, "credential key")
 
 
 def serve(config: ServeConfig, token: str) -> None:
@@ -217,21 +185,14 @@ async def _serve(
     import uvicorn
 
     from trace_core.api import create_app
-    from trace_core.dispatcher.capabilities import CapabilityIssuer
     from trace_core.dispatcher.service import Dispatcher, DispatcherConfig
-    from trace_core.security import LocalCredentialMinter, TokenIssuer, TokenVerifier
+    from trace_core.security import LocalCredentialMinter
     from trace_core.storage.sql import SqlRepository
 
     clock = SystemClock()
     repo = SqlRepository(config.database_url)
     try:
-        root = DispatcherConfig().storage_root
-        root = root if root.endswith("/") else root + "/"
-        capabilities = CapabilityIssuer(
-            TokenIssuer(ring, TOKEN_ISSUER, TOKEN_AUDIENCE, TOKEN_TTL_SECONDS, clock),
-            repo=repo,
-            scratch_template=root + "{org}/scratch/{task_id}/{attempt}/",
-        )
+        capabilities = capability_issuer(ring, repo, clock, DispatcherConfig().storage_root)
         # Built inside the event loop: the Dispatcher's services own loop-bound primitives.
         dispatcher = Dispatcher(repo, operators=operators, clock=clock, capabilities=capabilities)
         app = create_app(
@@ -239,7 +200,7 @@ async def _serve(
             internal_token=token,
             run_dispatcher=True,
             jwks=ring.jwks,
-            verifier=TokenVerifier(ring, TOKEN_ISSUER, TOKEN_AUDIENCE, clock),
+            verifier=token_verifier(ring, clock),
             minter=LocalCredentialMinter(minter_key, clock=clock),
         )
         server = uvicorn.Server(

@@ -188,6 +188,43 @@ class ConcurrencyGate:
                 task_id, worker_id, tx=tx, lease_seconds=limits.lease_seconds
             )
 
+    async def wake_waiting(self, task_id: uuid.UUID) -> list[uuid.UUID]:
+        """After ``task_id`` finished (completed or failed), wake the oldest
+        queued tasks of its job for the slots now free; the woken ids.
+
+        Wake-up driven claims refused at the limit are acknowledged and
+        dropped, so a freed slot must bring the waiting tasks back: this is
+        the wake-up that was promised to them. Jobs without a limit need none.
+        """
+        t = schema.tasks
+        async with self.repo.read() as tx:
+            job_id = (
+                await tx.connection.execute(sa.select(t.c.job_id).where(t.c.id == task_id))
+            ).scalar_one_or_none()
+        if job_id is None:
+            return []
+        limit = (await self.job_limits([job_id])).get(job_id)
+        if limit is None or limit.max_concurrency is None:
+            return []
+        async with self.repo.transaction() as tx:
+            conn = tx.connection
+            running = (await count_running(conn, [job_id])).get(job_id, 0)
+            free = limit.max_concurrency - running
+            if free <= 0:
+                return []
+            ids = list(
+                (
+                    await conn.execute(
+                        sa.select(t.c.id)
+                        .where(t.c.job_id == job_id, status_in(t.c.status, TASKS.ready))
+                        .order_by(t.c.queued_at, t.c.id)
+                        .limit(free)
+                    )
+                ).scalars()
+            )
+            await tx.wake_tasks(ids, self.tasks.wakeup, now=self.clock.now())
+        return ids
+
     async def claim_batch(self, worker_id: str, limit: int) -> list[Lease]:
         """Claim up to ``limit`` queued tasks, oldest first (claim order), poll driven.
 

@@ -67,6 +67,7 @@ class TaskControl:
         claim: Claimer | None = None,
         directive: Callable[[uuid.UUID], Awaitable[str]] | None = None,
         capabilities: CapabilityIssuer | None = None,
+        on_release: Callable[[uuid.UUID], Awaitable[object]] | None = None,
     ) -> None:
         self.repo = repo
         self.clock = clock or SystemClock()
@@ -78,6 +79,9 @@ class TaskControl:
         self._directive = directive
         self._capabilities = capabilities
         """Issues each claimed attempt's capability token, when configured."""
+        self._on_release = on_release
+        """Called with the task id after an attempt completed or failed (the
+        Dispatcher wakes tasks waiting for the job's concurrency slot)."""
 
     async def claim(self, task_id: uuid.UUID, worker_id: str) -> ClaimedTask:
         """Lease the task's next attempt and return its payload, or why not.
@@ -163,12 +167,20 @@ class TaskControl:
                 events, producer=Producer(_task_id(fence), fence.attempt), tx=tx
             )
             await self.tasks.complete(fence, outputs=outputs, tx=tx)
+        await self._released(fence)
         return accepted
 
     async def fail(self, fence: Fence, error: str, *, retryable: bool = True) -> FailOutcome:
         """Fail the current attempt: a retry with backoff, or terminal."""
         retry_class = RetryClass.RETRYABLE if retryable else RetryClass.FATAL
-        return await self.tasks.fail(fence, error, retry_class=retry_class)
+        outcome = await self.tasks.fail(fence, error, retry_class=retry_class)
+        await self._released(fence)
+        return outcome
+
+    async def _released(self, fence: Fence) -> None:
+        """A running slot of the task's job is free: wake who waits for it."""
+        if self._on_release is not None:
+            await self._on_release(_task_id(fence))
 
 
 def _task_id(fence: Fence) -> uuid.UUID:

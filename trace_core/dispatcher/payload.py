@@ -2,21 +2,24 @@
 Lambda is invoked with, so an operator runs without state-DB credentials.
 
 Shape (interface-contracts.md): ``task_id``, ``attempt``, ``status``,
-``job {dag_name, name}``, ``operator``, ``config``, ``inputs`` (pinned dataset
-versions with their resolved storage ``location``, their ``where`` filters and
-the unit of work), ``outputs`` (dataset, version and version-addressed
-location by output index) and ``partitions``.
+``job {dag_name, name, id, org_id}``, ``operator``, ``config``, ``inputs`` (pinned dataset
+versions with the dataset's ``name``, their resolved storage ``location``,
+their ``where`` filters and the unit of work), ``outputs`` (dataset, its
+``name``, version, version-addressed location and the version's block
+``range`` when it has one, by output index) and ``partitions``.
 
 An input's ``location`` is the ``storage_location`` of its pinned dataset
 version (``None`` only if that version row is gone). Pinned versions are
 normally among the task's DAG version pointers, already read for the
-outputs; any other is looked up in one more query.
+outputs; any other is looked up in one more query. Dataset names come from
+one more query over every dataset the tasks read or write.
 """
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
@@ -31,7 +34,7 @@ __all__ = ["task_payloads"]
 async def task_payloads(
     conn: AsyncConnection, task_ids: Sequence[uuid.UUID]
 ) -> dict[uuid.UUID, dict[str, Any]]:
-    """The payload of each existing task among ``task_ids`` (two queries)."""
+    """The payload of each existing task among ``task_ids`` (three or four queries)."""
     t, j = schema.tasks, schema.jobs
     rows = (
         await conn.execute(
@@ -42,6 +45,7 @@ async def task_payloads(
                 t.c.partitions,
                 t.c.input_versions,
                 j.c.id.label("job_id"),
+                j.c.org_id,
                 j.c.name,
                 j.c.dag_name,
                 j.c.dag_version_id,
@@ -57,22 +61,29 @@ async def task_payloads(
     tasks = list(rows)
     locations = await _output_locations(conn, {r["dag_version_id"] for r in tasks})
     stored = await _input_locations(conn, tasks, locations)
+    names = await _dataset_names(conn, tasks)
     payloads = {}
     for row in tasks:
         pointers = locations.get(row["dag_version_id"], {})
         outputs = []
         for index, dataset in enumerate(row["output_datasets"] or ()):
-            version, location = pointers.get(uuid.UUID(dataset), (None, None))
+            pointer = pointers.get(uuid.UUID(dataset))
             outputs.append(
                 {
                     "output_index": index,
                     "dataset_uuid": dataset,
-                    "dataset_version": None if version is None else str(version),
-                    "location": location,
+                    "dataset": names.get(str(dataset)),
+                    "dataset_version": None if pointer is None else str(pointer.version),
+                    "location": None if pointer is None else pointer.location,
+                    "range": None if pointer is None else pointer.range,
                 }
             )
         inputs = [
-            {**item, "location": stored.get(version) if (version := _version_of(item)) else None}
+            {
+                **item,
+                "dataset": names.get(str(item.get("dataset_uuid"))),
+                "location": stored.get(version) if (version := _version_of(item)) else None,
+            }
             for item in (row["input_versions"] or {}).get("inputs", [])
         ]
         config = {k: v for k, v in (row["config"] or {}).items() if k != INPUTS_WHERE_KEY}
@@ -80,7 +91,12 @@ async def task_payloads(
             "task_id": str(row["id"]),
             "attempt": row["attempt"],
             "status": row["status"],
-            "job": {"dag_name": row["dag_name"], "name": row["name"], "id": str(row["job_id"])},
+            "job": {
+                "dag_name": row["dag_name"],
+                "name": row["name"],
+                "id": str(row["job_id"]),
+                "org_id": str(row["org_id"]),
+            },
             "operator": row["operator"],
             "runtime": row["runtime"],
             "config": config,
@@ -92,21 +108,55 @@ async def task_payloads(
     return payloads
 
 
+@dataclass(frozen=True)
+class _Pointer:
+    """A DAG version's pointer to one dataset version."""
+
+    version: uuid.UUID
+    location: str
+    range: dict[str, int] | None
+
+
 async def _output_locations(
     conn: AsyncConnection, dag_versions: set[uuid.UUID]
-) -> dict[uuid.UUID, dict[uuid.UUID, tuple[uuid.UUID, str]]]:
+) -> dict[uuid.UUID, dict[uuid.UUID, _Pointer]]:
     p, v = schema.dag_version_datasets, schema.dataset_versions
     if not dag_versions:
         return {}
     rows = await conn.execute(
-        sa.select(p.c.dag_version_id, p.c.dataset_uuid, v.c.id, v.c.storage_location)
+        sa.select(
+            p.c.dag_version_id,
+            p.c.dataset_uuid,
+            v.c.id,
+            v.c.storage_location,
+            v.c.range_start,
+            v.c.range_end,
+        )
         .join(v, v.c.id == p.c.dataset_version)
         .where(p.c.dag_version_id.in_(dag_versions))
     )
-    found: dict[uuid.UUID, dict[uuid.UUID, tuple[uuid.UUID, str]]] = {}
-    for dag_version, dataset, version, location in rows:
-        found.setdefault(dag_version, {})[dataset] = (version, location)
+    found: dict[uuid.UUID, dict[uuid.UUID, _Pointer]] = {}
+    for dag_version, dataset, version, location, start, end in rows:
+        span = None if start is None or end is None else {"start": start, "end": end}
+        found.setdefault(dag_version, {})[dataset] = _Pointer(version, location, span)
     return found
+
+
+async def _dataset_names(conn: AsyncConnection, tasks: Sequence[Any]) -> dict[str, str]:
+    """``{dataset_uuid (str): name}`` of every dataset ``tasks`` read or write."""
+    wanted: set[uuid.UUID] = set()
+    for row in tasks:
+        wanted.update(uuid.UUID(str(d)) for d in row["output_datasets"] or ())
+        for item in (row["input_versions"] or {}).get("inputs", []):
+            try:
+                wanted.add(uuid.UUID(str(item["dataset_uuid"])))
+            except (KeyError, TypeError, ValueError):
+                continue
+    if not wanted:
+        return {}
+    d = schema.datasets
+    rows = await conn.execute(sa.select(d.c.id, d.c.name).where(d.c.id.in_(sorted(wanted))))
+    return {str(dataset): name for dataset, name in rows}
 
 
 def _version_of(item: Any) -> uuid.UUID | None:
@@ -120,13 +170,13 @@ def _version_of(item: Any) -> uuid.UUID | None:
 async def _input_locations(
     conn: AsyncConnection,
     tasks: Sequence[Any],
-    pointers: dict[uuid.UUID, dict[uuid.UUID, tuple[uuid.UUID, str]]],
+    pointers: dict[uuid.UUID, dict[uuid.UUID, _Pointer]],
 ) -> dict[uuid.UUID, str]:
     """``storage_location`` of every pinned input version of ``tasks``."""
     known = {
-        version: location
+        pointer.version: pointer.location
         for by_dataset in pointers.values()
-        for version, location in by_dataset.values()
+        for pointer in by_dataset.values()
     }
     wanted = {
         version

@@ -31,7 +31,7 @@ from trace_core.retry import Backoff
 from trace_core.worker.client import InProcessClient
 from trace_core.worker.context import OperatorResult, TaskContext
 from trace_core.worker.retrying import RetryingClient
-from trace_core.worker.wrapper import WorkerWrapper
+from trace_core.worker.wrapper import CredentialSource, WorkerWrapper
 
 __all__ = ["InProcessRunner", "OperatorResult", "RunnerConfig", "TaskContext"]
 
@@ -62,7 +62,11 @@ class RunnerConfig:
 
 
 class InProcessRunner:
-    """Claims and runs ``runtime: dispatcher`` tasks in this process."""
+    """Claims and runs ``runtime: dispatcher`` tasks in this process.
+
+    ``credentials`` gives each attempt its scoped object-store credentials
+    (the lite profile mints them from the attempt's capability token).
+    """
 
     def __init__(
         self,
@@ -71,6 +75,7 @@ class InProcessRunner:
         *,
         worker_id: str,
         config: RunnerConfig | None = None,
+        credentials: CredentialSource | None = None,
     ) -> None:
         self.control = control
         self.operators = operators
@@ -89,9 +94,12 @@ class InProcessRunner:
             heartbeat_seconds=self.config.heartbeat_seconds,
             # The lease is granted on the control plane's clock: read its TTL there.
             clock=control.clock,
+            credentials=credentials,
         )
         self._limiter = anyio.CapacityLimiter(self.config.concurrency)
         self._group: anyio.abc.TaskGroup | None = None
+        self._in_flight = 0
+        self._idle: anyio.Event | None = None
         self.outcomes: dict[str, int] = {}
 
     async def start(self, task_group: anyio.abc.TaskGroup) -> None:
@@ -103,9 +111,32 @@ class InProcessRunner:
         when the runner is not started (tests, one-shot use)."""
         for task_id in task_ids:
             if self._group is not None:
-                self._group.start_soon(self.run_task, task_id)
+                # Counted before it starts, so drain() cannot miss a task
+                # handed over but not yet begun.
+                self._in_flight += 1
+                self._group.start_soon(self._run_counted, task_id)
             else:
                 await self.run_task(task_id)
+
+    @property
+    def in_flight(self) -> int:
+        """Tasks handed to the running runner and not finished yet."""
+        return self._in_flight
+
+    async def drain(self) -> None:
+        """Wait until every submitted task has finished (stop the relay first,
+        or new ones keep coming)."""
+        while self._in_flight:
+            self._idle = anyio.Event()
+            await self._idle.wait()
+
+    async def _run_counted(self, task_id: uuid.UUID) -> None:
+        try:
+            await self.run_task(task_id)
+        finally:
+            self._in_flight -= 1
+            if not self._in_flight and self._idle is not None:
+                self._idle.set()
 
     async def run_task(self, task_id: uuid.UUID) -> str:
         """Claim and run one task; the outcome (``completed``, ``failed``,

@@ -48,6 +48,7 @@ from trace_core.tasks import ENQUEUE_TASK, TaskQueue
 
 if TYPE_CHECKING:
     from trace_core.dispatcher.capabilities import CapabilityIssuer
+    from trace_core.worker.wrapper import CredentialSource
 
 __all__ = ["Dispatcher", "DispatcherConfig"]
 
@@ -86,6 +87,7 @@ class Dispatcher:
         config: DispatcherConfig | None = None,
         worker_id: str | None = None,
         capabilities: CapabilityIssuer | None = None,
+        credentials: CredentialSource | None = None,
     ) -> None:
         self.repo = repo
         self.clock = clock or SystemClock()
@@ -114,8 +116,11 @@ class Dispatcher:
             claim=self.gate.claim,
             directive=self.sources.directive,
             capabilities=capabilities,
+            on_release=self.gate.wake_waiting,
         )
-        self.runner = InProcessRunner(self.control, operators, worker_id=worker, config=cfg.runner)
+        self.runner = InProcessRunner(
+            self.control, operators, worker_id=worker, config=cfg.runner, credentials=credentials
+        )
         self.launcher = TaskLauncher(
             repo,
             self.runtimes,

@@ -21,6 +21,7 @@ import json
 import logging
 import re
 import secrets
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import lru_cache
@@ -210,6 +211,39 @@ class LocalCredentialMinter:
         if action == "list":
             return evaluator.allows(LIST_ACTION, bucket_arn(bucket), s3_prefix=key or None)
         return evaluator.allows(_OBJECT_ACTIONS[action], object_arn(bucket, key))
+
+    def restore(self, values: Mapping[str, str]) -> MintedCredentials:
+        """Rebuild credentials this minter issued from their wire form
+        (``access_key_id``, ``secret_access_key``, ``session_token``,
+        ``expiration`` as a ``/v1/task/credentials`` answer has them).
+
+        The scope is read from the authenticated session token; forged,
+        tampered or expired values raise :class:`InvalidInput` naming
+        ``credentials`` (never quoting a secret).
+        """
+        try:
+            akid, secret, token = (
+                values["access_key_id"],
+                values["secret_access_key"],
+                values["session_token"],
+            )
+        except (KeyError, TypeError):
+            raise InvalidInput(
+                "credentials", "need access_key_id, secret_access_key, session_token"
+            ) from None
+        parts = str(token).split(".")
+        if len(parts) != 3 or not parts[1].isascii():
+            raise InvalidInput("credentials", "not credentials of this minter")
+        try:
+            payload = json.loads(_unb64(parts[1]))
+            scope = Scope.from_dict(payload["scope"])
+            expiration = datetime.fromtimestamp(int(payload["exp"]), UTC)
+        except (ValueError, KeyError, TypeError, InvalidScope):
+            raise InvalidInput("credentials", "not credentials of this minter") from None
+        restored = MintedCredentials(str(akid), str(secret), str(token), expiration, scope)
+        if self._verified_scope(restored) is None:
+            raise InvalidInput("credentials", "forged, tampered with or expired")
+        return restored
 
     def _token_mac(self, body: str) -> str:
         return _b64(hmac.digest(self._token_key, body.encode("ascii"), hashlib.sha256))

@@ -1,0 +1,288 @@
+"""The lite platform: all of Trace in one process.
+
+:class:`TraceLite` wires, for one state database URL and one data directory,
+everything the other profiles run as separate services: migrations, the
+Dispatcher (outbox relay, router, launcher, reaper, retries, sources, cron,
+backpressure, scaler, promoter), the in-process runner with its worker
+threads, capability tokens signed with a local PEM key ring, credentials
+minted per attempt for the local object store, the shared Spark session,
+and the buffered-dataset sink on a separate data database.
+
+Layout of the data directory (created with mode 700)::
+
+    keys/            signing key ring (PEM, owner-only; created on first start)
+    credentials.key  the credential minter's key (owner-only)
+    kek.key          the local key-encryption key (owner-only)
+    objects/         the object store: s3://<bucket>/<key> -> objects/<bucket>/<key>
+    trace.db         the state database, unless a URL is given
+    data.db          the data database (buffered tables), unless a URL is given
+
+Starting applies migrations and creates the keys on first run; stopping
+drains sources, lets in-flight tasks finish (bounded by
+``LiteConfig.drain_seconds``), flushes the sink and stops Spark.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+
+import anyio
+import anyio.abc
+
+from trace_core.clock import Clock, SystemClock
+from trace_core.dag import DagDocument, DeployResult
+from trace_core.dag.loader import load_dag
+from trace_core.dispatcher.operators import OperatorRegistry, OperatorSpec
+from trace_core.dispatcher.runner import RunnerConfig
+from trace_core.dispatcher.service import Dispatcher, DispatcherConfig
+from trace_core.errors import ConfigurationError
+from trace_core.security import LocalCredentialMinter
+from trace_core.storage.migrate import upgrade
+from trace_core.storage.sql import SqlRepository
+from trace_lite.buffered import BufferSink, DataDatabase, SinkConfig, SqlDatasetBuffer
+from trace_lite.credentials import CredentialBroker, capability_issuer, token_verifier
+from trace_lite.envelope import LocalKeyEncryption
+from trace_lite.object_store import LocalObjectStore
+from trace_lite.pipeline.operators import ALERT_SCHEMA, PipelineRuntime, pipeline_operators
+from trace_lite.secret_files import read_or_create_secret
+from trace_lite.serve import open_signing_keys, read_minter_key
+from trace_lite.spark import SparkConfig, SparkSessionProvider
+
+__all__ = ["LiteConfig", "TraceLite"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LiteConfig:
+    """What :class:`TraceLite` runs on."""
+
+    data_dir: Path = Path(".trace")
+    database_url: str | None = None
+    """The state database; ``sqlite:///<data_dir>/trace.db`` by default."""
+    data_database_url: str | None = None
+    """The data database of buffered tables; ``sqlite:///<data_dir>/data.db`` by default."""
+    workers: int = 4
+    """Worker threads running in-process operators at once."""
+    spark: SparkConfig = field(default_factory=SparkConfig)
+    dispatcher: DispatcherConfig | None = None
+    """Every Dispatcher service's settings (``workers`` sets the runner's concurrency)."""
+    sink: SinkConfig = field(default_factory=SinkConfig)
+    drain_seconds: float = 60.0
+    """How long :meth:`TraceLite.stop` waits for in-flight tasks before cancelling them."""
+
+    def __post_init__(self) -> None:
+        if self.workers < 1:
+            raise ConfigurationError("LiteConfig.workers must be >= 1")
+        if self.drain_seconds < 0:
+            raise ConfigurationError("LiteConfig.drain_seconds must be >= 0")
+
+    @property
+    def state_url(self) -> str:
+        """The state database URL."""
+        return self.database_url or f"sqlite:///{self.data_dir / 'trace.db'}"
+
+    @property
+    def data_url(self) -> str:
+        """The data database URL."""
+        return self.data_database_url or f"sqlite:///{self.data_dir / 'data.db'}"
+
+    def dispatcher_config(self) -> DispatcherConfig:
+        """The Dispatcher's settings with the runner sized to ``workers``."""
+        base = self.dispatcher or DispatcherConfig()
+        runner = RunnerConfig(
+            concurrency=self.workers,
+            heartbeat_fraction=base.runner.heartbeat_fraction,
+            heartbeat_seconds=base.runner.heartbeat_seconds,
+            retry_seconds=base.runner.retry_seconds,
+        )
+        return DispatcherConfig(**{**base.__dict__, "runner": runner})
+
+
+@dataclass(frozen=True)
+class _Parts:
+    store: LocalObjectStore
+    buffer: SqlDatasetBuffer
+    sink: BufferSink
+    data: DataDatabase
+    spark: SparkSessionProvider
+    encryption: LocalKeyEncryption
+
+
+class TraceLite:
+    """The whole system in one process (see the module docstring).
+
+    Use it as an async context manager, or call :meth:`start` and :meth:`stop`.
+    ``operators`` adds operators of your own to the shipped pipeline ones.
+    ``spark`` shares a session provider the caller owns (and stops); by
+    default the platform makes one from ``config.spark`` and stops it.
+    """
+
+    def __init__(
+        self,
+        config: LiteConfig | None = None,
+        *,
+        operators: Iterable[OperatorSpec] = (),
+        clock: Clock | None = None,
+        spark: SparkSessionProvider | None = None,
+    ) -> None:
+        self.config = config or LiteConfig()
+        self._shared_spark = spark
+        self.clock = clock or SystemClock()
+        self._extra_operators = list(operators)
+        self._stack: contextlib.AsyncExitStack | None = None
+        self._group: anyio.abc.TaskGroup | None = None
+        self._dispatcher: Dispatcher | None = None
+        self._parts: _Parts | None = None
+
+    # --- the wired parts (available once started) ------------------------------
+
+    @property
+    def dispatcher(self) -> Dispatcher:
+        """The Dispatcher (raises before :meth:`start`)."""
+        if self._dispatcher is None:
+            raise ConfigurationError("TraceLite is not started")
+        return self._dispatcher
+
+    @property
+    def repo(self) -> SqlRepository:
+        """The state database repository."""
+        return self.dispatcher.repo
+
+    @property
+    def store(self) -> LocalObjectStore:
+        """The local object store (tasks get scoped handles only)."""
+        return self._started().store
+
+    @property
+    def buffer(self) -> SqlDatasetBuffer:
+        """The buffer of buffered datasets."""
+        return self._started().buffer
+
+    @property
+    def sink(self) -> BufferSink:
+        """The sink that drains :attr:`buffer` into the data database."""
+        return self._started().sink
+
+    @property
+    def data(self) -> DataDatabase:
+        """The data database."""
+        return self._started().data
+
+    @property
+    def spark(self) -> SparkSessionProvider:
+        """The shared, lazily started Spark session."""
+        return self._started().spark
+
+    @property
+    def encryption(self) -> LocalKeyEncryption:
+        """Envelope encryption under the local key-encryption key."""
+        return self._started().encryption
+
+    def _started(self) -> _Parts:
+        if self._parts is None:
+            raise ConfigurationError("TraceLite is not started")
+        return self._parts
+
+    # --- lifecycle -------------------------------------------------------------
+
+    async def __aenter__(self) -> TraceLite:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        """Migrate, open (or create) the keys, wire everything, start the services."""
+        if self._stack is not None:
+            raise ConfigurationError("TraceLite is already started")
+        cfg, clock = self.config, self.clock
+        data_dir = cfg.data_dir
+        data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        await anyio.to_thread.run_sync(upgrade, cfg.state_url)
+        ring = await anyio.to_thread.run_sync(open_signing_keys, data_dir, clock)
+        minter = LocalCredentialMinter(read_minter_key(data_dir), clock=clock)
+        kek = read_or_create_secret(data_dir / "kek.key", "key-encryption key")
+        dispatcher_config = cfg.dispatcher_config()
+
+        stack = contextlib.AsyncExitStack()
+        try:
+            repo = SqlRepository(cfg.state_url)
+            stack.push_async_callback(repo.close)
+            data = DataDatabase(cfg.data_url)
+            stack.push_async_callback(data.close)
+            await data.open()
+            spark = self._shared_spark or SparkSessionProvider(cfg.spark)
+            if self._shared_spark is None:
+                stack.push_async_callback(anyio.to_thread.run_sync, spark.stop)
+            store = LocalObjectStore(data_dir / "objects", minter)
+            buffer = SqlDatasetBuffer(data, clock=clock)
+            dispatcher = Dispatcher(
+                repo,
+                operators=OperatorRegistry(),
+                clock=clock,
+                config=dispatcher_config,
+                capabilities=capability_issuer(ring, repo, clock, dispatcher_config.storage_root),
+                credentials=CredentialBroker(token_verifier(ring, clock), minter),
+            )
+            runtime = PipelineRuntime(store, spark, buffer, dispatcher.state)
+            for spec in [*pipeline_operators(runtime), *self._extra_operators]:
+                dispatcher.operators.register(spec)
+            sink = BufferSink(
+                data, repo, [ALERT_SCHEMA], gateway=dispatcher.gateway, clock=clock, config=cfg.sink
+            )
+            group = await stack.enter_async_context(anyio.create_task_group())
+            await dispatcher.start(group)
+            await sink.start(group)
+        except BaseException:
+            await stack.aclose()
+            raise
+        self._parts = _Parts(store, buffer, sink, data, spark, LocalKeyEncryption(kek))
+        self._stack, self._group, self._dispatcher = stack, group, dispatcher
+        log.info("trace-lite started: state %s, data dir %s", repo.url.render(), data_dir)
+
+    async def stop(self) -> None:
+        """Drain sources and in-flight tasks, flush the sink, stop everything."""
+        stack, group, dispatcher = self._stack, self._group, self._dispatcher
+        if stack is None or group is None or dispatcher is None:
+            return
+        try:
+            await dispatcher.stop()
+            with anyio.move_on_after(self.config.drain_seconds) as scope:
+                await dispatcher.runner.drain()
+            if scope.cancelled_caught:
+                log.warning(
+                    "%d tasks still running after %.0f s; cancelling them (their leases "
+                    "expire and the reaper retries them on the next start)",
+                    dispatcher.runner.in_flight,
+                    self.config.drain_seconds,
+                )
+            await self.sink.stop()
+            await self.sink.run_once()  # what the last tasks published
+            group.cancel_scope.cancel()
+        finally:
+            self._stack = self._group = self._dispatcher = None
+            self._parts = None
+            await stack.aclose()
+
+    # --- using it ----------------------------------------------------------------
+
+    async def deploy(self, dag: DagDocument | str | Path) -> DeployResult:
+        """Deploy a DAG document or YAML file against the registered operators."""
+        document = (
+            dag
+            if isinstance(dag, DagDocument)
+            else load_dag(dag, operators=self.dispatcher.operators.names())
+        )
+        return await self.dispatcher.deploy(document)

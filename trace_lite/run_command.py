@@ -1,0 +1,242 @@
+"""``trace-lite run <dag.yaml>``: the pipeline end to end, with live progress.
+
+Starts a :class:`~trace_lite.platform.TraceLite`, deploys the DAG (with
+``--blocks N`` the block range of its sources' outputs becomes ``N`` blocks
+from their start, which is a config change and so a new dataset version),
+and waits until every block-range dataset covers the whole range, no task
+has work left (the always-on source aside), the outbox is drained and the
+buffer is empty. Meanwhile it prints a progress line: tasks per state,
+blocks processed (the least-covered block-range dataset) and throughput.
+It ends with a summary: datasets with versions, partitions and rows, tasks
+by state, alerts, time.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+import anyio
+import sqlalchemy as sa
+import yaml
+
+from trace_core.dag import DagDocument, parse_dag
+from trace_core.errors import ConfigurationError
+from trace_core.storage import schema
+from trace_lite.platform import LiteConfig, TraceLite
+from trace_lite.status import (
+    DatasetStatus,
+    TaskCounts,
+    dataset_statuses,
+    object_rows,
+    table_rows,
+    task_counts,
+)
+
+__all__ = ["RunOptions", "RunSummary", "run_pipeline", "with_block_count"]
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """What ``trace-lite run`` does."""
+
+    dag_file: Path
+    config: LiteConfig
+    blocks: int | None = None
+    timeout_seconds: float = 3600.0
+    refresh_seconds: float = 1.0
+
+
+@dataclass
+class RunSummary:
+    """What a run did (also what the command prints at the end)."""
+
+    dag_name: str
+    blocks: int
+    seconds: float
+    datasets: list[dict[str, Any]] = field(default_factory=list)
+    tasks: dict[str, int] = field(default_factory=dict)
+    alerts: int = 0
+    finished: bool = False
+
+    @property
+    def blocks_per_second(self) -> float:
+        """Throughput over the whole run (start to finish)."""
+        return self.blocks / self.seconds if self.seconds > 0 else 0.0
+
+
+def with_block_count(text: str, blocks: int) -> str:
+    """The DAG YAML with every source output's ``range`` set to ``blocks`` blocks
+    from its start."""
+    if blocks < 1:
+        raise ConfigurationError("--blocks must be >= 1")
+    doc = yaml.safe_load(text)
+    changed = False
+    for job in doc.get("jobs", []) if isinstance(doc, dict) else []:
+        if not isinstance(job, dict) or job.get("activation") != "source":
+            continue
+        for output in job.get("outputs", []) or []:
+            span = output.get("range") if isinstance(output, dict) else None
+            if isinstance(span, dict) and "start" in span:
+                span["end"] = int(span["start"]) + blocks - 1
+                changed = True
+    if not changed:
+        raise ConfigurationError("--blocks: the DAG has no source output with a block range")
+    return str(yaml.safe_dump(doc, sort_keys=False))
+
+
+def _load(options: RunOptions, operators: frozenset[str]) -> DagDocument:
+    try:
+        text = options.dag_file.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigurationError(f"{options.dag_file}: {exc.strerror or exc}") from None
+    name = str(options.dag_file)
+    if options.blocks is not None:
+        text, name = with_block_count(text, options.blocks), f"{name} (--blocks {options.blocks})"
+    return parse_dag(text, file=name, operators=operators)
+
+
+def _target(statuses: Sequence[DatasetStatus]) -> tuple[int, int] | None:
+    """The block range of the current version's source outputs."""
+    spans = [
+        (s.range_start, s.range_end)
+        for s in statuses
+        if s.dag_version_status == "current" and s.range_start is not None
+    ]
+    if not spans:
+        return None
+    return min(a for a, _ in spans if a is not None), max(b for _, b in spans if b is not None)
+
+
+def _block_datasets(statuses: Sequence[DatasetStatus]) -> list[DatasetStatus]:
+    """The current version's object-store datasets (block-range partitioned)."""
+    return [
+        s for s in statuses if s.dag_version_status == "current" and s.location.startswith("s3://")
+    ]
+
+
+def _blocks_done(datasets: Sequence[DatasetStatus], target: tuple[int, int]) -> int:
+    lo, hi = target
+    done = []
+    for s in datasets:
+        inside = sum(max(0, min(b, hi) - max(a, lo) + 1) for a, b in s.coverage.ranges)
+        done.append(inside)
+    return min(done) if done else 0
+
+
+async def _pending_outbox(lite: TraceLite) -> int:
+    o = schema.outbox
+    async with lite.repo.read() as tx:
+        count = await tx.connection.scalar(
+            sa.select(sa.func.count()).where(o.c.status.in_(["Pending", "Processing"]))
+        )
+    return int(count or 0)
+
+
+def _progress_line(counts: TaskCounts, done: int, total: int, elapsed: float) -> str:
+    states = counts.total
+    shown = " ".join(
+        f"{state} {states[state]}"
+        for state in ("Queued", "Running", "Failed", "Completed", "Canceled")
+        if states[state]
+    )
+    rate = done / elapsed if elapsed > 0 else 0.0
+    return (
+        f"[{elapsed:7.1f}s] tasks: {shown or 'none'} | blocks {done:,}/{total:,} "
+        f"({100 * done / max(total, 1):5.1f}%) | {rate:,.0f} blocks/s"
+    )
+
+
+async def run_pipeline(options: RunOptions, out: TextIO) -> RunSummary:
+    """Run the DAG to completion (or the timeout); print progress and the summary."""
+
+    def say(message: str) -> None:
+        print(message, file=out, flush=True)
+
+    started = time.perf_counter()
+    async with TraceLite(options.config) as lite:
+        document = _load(options, lite.dispatcher.operators.names())
+        result = await lite.deploy(document)
+        dag = result.dag_name
+        state = "deployed" if result.changed else "unchanged"
+        say(f"{dag}: {state}, version {result.dag_version_id} ({result.status})")
+        say(f"  state db {lite.repo.url.render()}, data dir {options.config.data_dir}")
+        sources = frozenset(job.name for job in document.spec.jobs if job.activation == "source")
+        summary = RunSummary(dag, 0, 0.0)
+        last_line = ""
+        with anyio.move_on_after(options.timeout_seconds):
+            while True:
+                statuses = await dataset_statuses(lite.repo, dag)
+                counts = await task_counts(lite.repo, dag)
+                target = _target(statuses)
+                if target is None:
+                    raise ConfigurationError(f"{dag}: no block-range source output to follow")
+                total = target[1] - target[0] + 1
+                done = _blocks_done(_block_datasets(statuses), target)
+                elapsed = time.perf_counter() - started
+                line = _progress_line(counts, done, total, elapsed)
+                if line.split("]", 1)[1] != last_line:
+                    say(line)
+                    last_line = line.split("]", 1)[1]
+                if (
+                    done == total
+                    and counts.open_except(sources) == 0
+                    and await _pending_outbox(lite) == 0
+                    and await lite.buffer.pending() == 0
+                ):
+                    summary.finished = True
+                    break
+                await anyio.sleep(options.refresh_seconds)
+        summary.blocks = done
+        summary.seconds = time.perf_counter() - started
+        await _fill_summary(lite, summary)
+    _print_summary(summary, say)
+    return summary
+
+
+async def _fill_summary(lite: TraceLite, summary: RunSummary) -> None:
+    objects = lite.config.data_dir / "objects"
+    statuses = await dataset_statuses(lite.repo, summary.dag_name)
+    counts = await task_counts(lite.repo, summary.dag_name)
+    for s in statuses:
+        if s.location.startswith("s3://"):
+            _, rows = await anyio.to_thread.run_sync(object_rows, objects, s.location)
+        else:
+            rows = await table_rows(lite.data, s.location)
+            if s.name == "alerts":
+                summary.alerts = rows
+        summary.datasets.append(
+            {
+                "dataset": s.name,
+                "version": str(s.dataset_version)[:8],
+                "dag_version": s.dag_version_status,
+                "partitions": s.events,
+                "events": s.events,
+                "rows": rows,
+                "blocks": s.blocks_covered,
+            }
+        )
+    summary.tasks = dict(counts.total)
+
+
+def _print_summary(summary: RunSummary, say: Any) -> None:
+    say("")
+    say(f"{summary.dag_name}: {'finished' if summary.finished else 'STOPPED BEFORE FINISHING'}")
+    header = ("dataset", "version", "dag version", "events", "rows")
+    rows = [
+        (d["dataset"], d["version"], d["dag_version"], f"{d['partitions']:,}", f"{d['rows']:,}")
+        for d in summary.datasets
+    ]
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    for row in [header, *rows]:
+        say("  " + "  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)))
+    tasks = ", ".join(f"{state} {n:,}" for state, n in sorted(summary.tasks.items()))
+    say(f"  tasks: {tasks or 'none'}")
+    say(f"  alerts: {summary.alerts:,}")
+    say(
+        f"  {summary.blocks:,} blocks in {summary.seconds:.1f} s "
+        f"({summary.blocks_per_second:,.0f} blocks/s)"
+    )
