@@ -8,6 +8,7 @@ a job queued tasks. The backpressure, concurrency and metrics tests use them.
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ from datetime import datetime
 from typing import Any
 
 import anyio
+import pytest
 import sqlalchemy as sa
 
 from trace_core.clock import ManualClock
@@ -290,3 +292,21 @@ async def set_progress(
                 updated_at=clock.now(),
             )
         )
+
+
+async def wait_until(
+    what: str, condition: Callable[[], Any], deadline: float, *, describe: Callable[[], Any]
+) -> None:
+    """Poll ``condition`` (sync or async) until true; fail with ``describe()`` at ``deadline``."""
+    while True:
+        result = condition()
+        if not isinstance(result, bool):
+            result = await result
+        if result:
+            return
+        if time.monotonic() > deadline:
+            detail = describe()
+            if not isinstance(detail, str):
+                detail = await detail
+            pytest.fail(f"timed out waiting for {what}: {detail}")
+        await anyio.sleep(0.02)

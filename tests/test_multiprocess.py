@@ -12,16 +12,14 @@ from __future__ import annotations
 
 import multiprocessing
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import anyio
 import pytest
 import sqlalchemy as sa
 
 from tests import mp_worker
-from tests.factories import make_job
+from tests.factories import make_job, wait_until
 from trace_core.storage import schema
 from trace_core.storage.protocol import NewTask
 from trace_core.storage.sql import SqlRepository
@@ -89,24 +87,6 @@ class Fleet:
             codes[name] = proc.exitcode
             proc.close()
         return codes
-
-
-async def wait_until(
-    what: str, condition: Callable[[], Any], deadline: float, *, describe: Callable[[], Any]
-) -> None:
-    """Poll ``condition`` (sync or async) until true; fail with ``describe()`` at ``deadline``."""
-    while True:
-        result = condition()
-        if not isinstance(result, bool):
-            result = await result
-        if result:
-            return
-        if time.monotonic() > deadline:
-            detail = describe()
-            if not isinstance(detail, str):
-                detail = await detail
-            pytest.fail(f"timed out waiting for {what}: {detail}")
-        await anyio.sleep(0.02)
 
 
 async def status_counts(repo: SqlRepository) -> dict[str, int]:

@@ -3,7 +3,9 @@
 Starts a :class:`~trace_lite.platform.TraceLite`, deploys the DAG (with
 ``--blocks N`` the block range of its sources' outputs becomes ``N`` blocks
 from their start, which is a config change and so a new dataset version),
-and waits until every block-range dataset covers the whole range, no task
+and waits until every block-range dataset covers the whole range (a
+version being rebuilt has swapped in: ``run`` after changing a job's config
+watches the rematerialization), no task
 has work left (the always-on source aside), the outbox is drained and the
 buffer is empty. Meanwhile it prints a progress line: tasks per state,
 blocks processed (the least-covered block-range dataset) and throughput.
@@ -27,6 +29,7 @@ from trace_core.dag import DagDocument, parse_dag
 from trace_core.errors import ConfigurationError
 from trace_core.storage import schema
 from trace_lite.platform import LiteConfig, TraceLite
+from trace_lite.spark import SparkSessionProvider
 from trace_lite.status import (
     DatasetStatus,
     TaskCounts,
@@ -112,9 +115,12 @@ def _target(statuses: Sequence[DatasetStatus]) -> tuple[int, int] | None:
 
 
 def _block_datasets(statuses: Sequence[DatasetStatus]) -> list[DatasetStatus]:
-    """The current version's object-store datasets (block-range partitioned)."""
+    """The object-store datasets (block-range partitioned) of the DAG version
+    being built, if one is (a rematerialization), else of the current one."""
+    building = any(s.dag_version_status == "building" for s in statuses)
+    wanted = "building" if building else "current"
     return [
-        s for s in statuses if s.dag_version_status == "current" and s.location.startswith("s3://")
+        s for s in statuses if s.dag_version_status == wanted and s.location.startswith("s3://")
     ]
 
 
@@ -150,14 +156,19 @@ def _progress_line(counts: TaskCounts, done: int, total: int, elapsed: float) ->
     )
 
 
-async def run_pipeline(options: RunOptions, out: TextIO) -> RunSummary:
-    """Run the DAG to completion (or the timeout); print progress and the summary."""
+async def run_pipeline(
+    options: RunOptions, out: TextIO, *, spark: SparkSessionProvider | None = None
+) -> RunSummary:
+    """Run the DAG to completion (or the timeout); print progress and the summary.
+
+    ``spark`` shares a session the caller owns (tests, benchmarks).
+    """
 
     def say(message: str) -> None:
         print(message, file=out, flush=True)
 
     started = time.perf_counter()
-    async with TraceLite(options.config) as lite:
+    async with TraceLite(options.config, spark=spark) as lite:
         document = _load(options, lite.dispatcher.operators.names())
         result = await lite.deploy(document)
         dag = result.dag_name
@@ -183,6 +194,7 @@ async def run_pipeline(options: RunOptions, out: TextIO) -> RunSummary:
                     last_line = line.split("]", 1)[1]
                 if (
                     done == total
+                    and all(s.dag_version_status == "current" for s in statuses)
                     and counts.open_except(sources) == 0
                     and await _pending_outbox(lite) == 0
                     and await lite.buffer.pending() == 0

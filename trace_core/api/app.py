@@ -33,6 +33,7 @@ from trace_core.api.fields import MAX_WAIT_MS
 from trace_core.api.internal import internal_router
 from trace_core.api.limits import BodyLimit
 from trace_core.api.ops import ops_router
+from trace_core.api.query import QueryService, query_router
 from trace_core.api.streams import StreamClaimer
 from trace_core.api.task_scoped import task_router
 from trace_core.api.worker_v1 import worker_router
@@ -88,6 +89,7 @@ def create_app(
     verifier: TokenVerifier | None = None,
     minter: CredentialMinter | None = None,
     buffer: DatasetBuffer | None = None,
+    query: QueryService | None = None,
 ) -> FastAPI:
     """The control-plane app on ``dispatcher``.
 
@@ -101,14 +103,17 @@ def create_app(
     With a ``verifier``, ``/v1/task/heartbeat``, ``complete`` and ``events``
     are mounted, authorized by capability tokens only; with a ``minter``
     also ``/v1/task/credentials``, with a ``buffer`` also
-    ``/v1/task/buffer-publish``. Without a verifier no ``/v1/task`` route
-    exists (and a minter or buffer is a configuration error).
+    ``/v1/task/buffer-publish``, with a ``query`` service also
+    ``/v1/task/query`` (:mod:`~trace_core.api.query`). Without a verifier no
+    ``/v1/task`` route exists (and a minter, buffer or query service is a
+    configuration error).
     """
     cfg = config or ApiConfig()
     check_internal_token(internal_token)
-    if verifier is None and (minter is not None or buffer is not None):
+    if verifier is None and (minter is not None or buffer is not None or query is not None):
         raise ConfigurationError(
-            "create_app: a credential minter or a dataset buffer needs a token verifier "
+            "create_app: a credential minter, a dataset buffer or a query service needs "
+            "a token verifier "
             "(their routes are authorized by capability tokens)"
         )
     app = FastAPI(
@@ -131,6 +136,8 @@ def create_app(
     app.include_router(ops_router(dispatcher))
     if verifier is not None:
         app.include_router(task_router(dispatcher, minter=minter, buffer=buffer))
+        if query is not None:
+            app.include_router(query_router(dispatcher, query))
     # The last added middleware runs first: authentication, then the body cap,
     # so an anonymous client cannot make the server buffer a body.
     app.add_middleware(BodyLimit, max_bytes=cfg.max_body_bytes)

@@ -6,7 +6,8 @@ Shape (interface-contracts.md): ``task_id``, ``attempt``, ``status``,
 versions with the dataset's ``name``, their resolved storage ``location``,
 their ``where`` filters and the unit of work), ``outputs`` (dataset, its
 ``name``, version, version-addressed location and the version's block
-``range`` when it has one, by output index) and ``partitions``.
+``range`` when it has one, and for a source job the ``coverage`` already
+materialized, by output index) and ``partitions``.
 
 An input's ``location`` is the ``storage_location`` of its pinned dataset
 version (``None`` only if that version row is gone). Pinned versions are
@@ -25,6 +26,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from trace_core.dag.coverage import read_coverage
 from trace_core.dag.validate import INPUTS_WHERE_KEY
 from trace_core.storage import schema
 
@@ -53,6 +55,7 @@ async def task_payloads(
                 j.c.runtime,
                 j.c.config,
                 j.c.output_datasets,
+                j.c.activation,
             )
             .join(j, j.c.id == t.c.job_id)
             .where(t.c.id.in_(list(task_ids)))
@@ -62,6 +65,7 @@ async def task_payloads(
     locations = await _output_locations(conn, {r["dag_version_id"] for r in tasks})
     stored = await _input_locations(conn, tasks, locations)
     names = await _dataset_names(conn, tasks)
+    coverage = await _source_output_coverage(conn, tasks, locations)
     payloads = {}
     for row in tasks:
         pointers = locations.get(row["dag_version_id"], {})
@@ -76,6 +80,11 @@ async def task_payloads(
                     "dataset_version": None if pointer is None else str(pointer.version),
                     "location": None if pointer is None else pointer.location,
                     "range": None if pointer is None else pointer.range,
+                    **(
+                        {"coverage": coverage.get(pointer.version, [])}
+                        if pointer is not None and row["activation"] == "source"
+                        else {}
+                    ),
                 }
             )
         inputs = [
@@ -140,6 +149,25 @@ async def _output_locations(
         span = None if start is None or end is None else {"start": start, "end": end}
         found.setdefault(dag_version, {})[dataset] = _Pointer(version, location, span)
     return found
+
+
+async def _source_output_coverage(
+    conn: AsyncConnection,
+    tasks: Sequence[Any],
+    pointers: dict[uuid.UUID, dict[uuid.UUID, _Pointer]],
+) -> dict[uuid.UUID, list[list[int]]]:
+    """The block ranges already materialized in the output versions of source
+    tasks: a source run of a new DAG version whose outputs kept their version
+    resumes after them instead of writing them again."""
+    versions = {
+        pointer.version
+        for row in tasks
+        if row["activation"] == "source"
+        for dataset in row["output_datasets"] or ()
+        if (pointer := pointers.get(row["dag_version_id"], {}).get(uuid.UUID(str(dataset))))
+    }
+    found = await read_coverage(conn, versions)
+    return {version: [list(r) for r in c.ranges] for version, c in found.items()}
 
 
 async def _dataset_names(conn: AsyncConnection, tasks: Sequence[Any]) -> dict[str, str]:

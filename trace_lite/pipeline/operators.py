@@ -13,7 +13,9 @@ AWS would with STS credentials.
     is written by Spark as one Parquet object per output with the Cryo name
     (``blocks_…``, ``transactions_…``), then one partition event per output is
     emitted. Its position (``next_block``) is kept in ``operator_state``, so
-    a restarted run resumes where the last one stopped.
+    a restarted run resumes where the last one stopped; ranges its output
+    versions already hold (the payload's ``coverage``, e.g. written by the
+    source of the DAG version before a redeploy) are not written again.
 ``range_aggregator`` (Spark, PerPartition)
     Joins a partition of blocks (input 0) and transactions (input 1, with its
     ``where`` filter) into per-block aggregates, written as one Parquet
@@ -39,6 +41,7 @@ from typing import Any
 
 import anyio.from_thread
 
+from trace_core.dag.coverage import Coverage, covers
 from trace_core.dispatcher.buffer import DatasetBuffer
 from trace_core.dispatcher.events import DatasetEvent
 from trace_core.dispatcher.operator_state import OperatorStateStore, StateConflict
@@ -258,9 +261,11 @@ def block_follower(runtime: PipelineRuntime, ctx: TaskContext) -> OperatorResult
     started = time.monotonic()
     from trace_lite.pipeline.transforms import write_arrow_parquet
 
+    done = [Coverage.of(o.get("coverage") or [], None) for o in ctx.outputs]
     for start, end in partition_ranges(first, last, size):
-        if end < resume:
-            continue
+        wanted = Coverage(((start, end),))
+        if end < resume or all(covers(have, wanted) for have in done):
+            continue  # written before (by this job, or by the run of an older DAG version)
         while True:
             directive = ctx.directive_blocking()
             if directive == "stop":
