@@ -83,6 +83,7 @@ def check_outputs(data_dir: Path, statuses: list[DatasetStatus], blocks: int, si
         directory = object_dir(data_dir, by_name[name])
         names = sorted(p.name for p in directory.iterdir())
         assert names == [cryo_file_name(name, a, b) for a, b in ranges], name
+
     def read(name: str, schema: pa.Schema, start: int, end: int) -> pa.Table:
         path = object_dir(data_dir, by_name[name]) / cryo_file_name(name, start, end)
         return conform(pq.read_table(path), schema)
