@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from collections import Counter
 from datetime import timedelta
 
 import anyio
@@ -249,3 +250,40 @@ def test_limits_and_config_are_validated() -> None:
         ConcurrencyConfig(journal_interval_seconds=-1)
     with pytest.raises(ConfigurationError):
         ConcurrencyConfig(batch_scan_factor=0)
+
+
+async def wakeups(repo: SqlRepository) -> Counter[tuple[str, ...]]:
+    """The task ids of every wake-up outbox row."""
+    o = schema.outbox
+    async with repo.read() as tx:
+        rows = await tx.connection.execute(sa.select(o.c.payload).where(o.c.kind == "enqueue_task"))
+        return Counter(tuple(r.payload["task_ids"]) for r in rows)
+
+
+async def test_a_freed_slot_wakes_the_oldest_waiting_tasks(
+    repo: SqlRepository, clock: ManualClock
+) -> None:
+    """Wake-up driven claims refused at the limit are dropped; finishing a
+    task must wake the waiting ones, oldest first, as many as slots are free."""
+    ids = await build_dag(repo, clock.now(), JOBS)
+    tq = TaskQueue(repo, clock=clock)
+    tasks = []
+    for _ in range(5):  # one at a time, so their queue order is known
+        tasks += await queue_tasks(tq, ids["limited"], 1)
+        clock.advance(1)
+    g = gate(repo, clock)
+    leases = [(await g.claim(t, "w1")).lease for t in tasks[:2]]
+    assert (await g.claim(tasks[2], "w1")).reason is NotClaimedReason.CONCURRENCY_LIMIT
+    before = await wakeups(repo)
+
+    assert await g.wake_waiting(tasks[0]) == []  # nothing finished: no free slot
+    assert leases[0] is not None and leases[1] is not None
+    await tq.complete(leases[0].fence)
+    assert await g.wake_waiting(tasks[0]) == [tasks[2]]  # one slot: the oldest waiter
+    await tq.fail(leases[1].fence, "boom")
+    assert await g.wake_waiting(tasks[1]) == [tasks[2], tasks[3]]  # two slots now
+    added = await wakeups(repo) - before
+    assert added == Counter({(str(tasks[2]),): 1, (str(tasks[2]), str(tasks[3])): 1})
+    assert await g.wake_waiting(uuid.uuid4()) == []  # an unknown task wakes nothing
+    free = await queue_tasks(tq, ids["free"], 1)
+    assert await g.wake_waiting(free[0]) == []  # an unlimited job has no waiters

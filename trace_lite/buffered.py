@@ -365,8 +365,10 @@ class BufferSink(PeriodicService):
             await self.data.ensure_table(conn, table)
             inserted = 0
             if values:
-                result = await conn.execute(self.data.insert_ignoring_duplicates(table), values)
-                inserted = max(int(result.rowcount or 0), 0)
+                # RETURNING counts what was inserted on both engines (an
+                # executemany rowcount is not reliable across drivers).
+                stmt = self.data.insert_ignoring_duplicates(table).returning(table.c.dedupe_key)
+                inserted = len((await conn.execute(stmt, values)).all())
             await conn.execute(
                 sa.update(b).where(b.c.id == batch.id).values(written_at=now, rows_written=inserted)
             )

@@ -194,6 +194,7 @@ _MAX_MESSAGE = 2000
 _MAX_PLAN_NODES = 100_000
 _SCHEMA_CACHE = 1024  # datasets
 _ECHO = 120
+_LISTED = 32  # view names listed in an error
 
 
 class _Cancelled(Exception):
@@ -624,10 +625,13 @@ def _check_parsed(
             if view is not None and view in views:
                 referenced.add(view)
             elif view is None or view not in defined:
-                shown = identifier[1:-1] if isinstance(identifier, str) else "?"
+                # Plain names are quoted back; a qualified name or path is not.
+                shown = f"`{_echo(plain.group(1))}`" if plain else "a qualified name or path"
+                listed = sorted(views)
+                more = f" and {len(listed) - _LISTED} more" if len(listed) > _LISTED else ""
                 raise NotAttached(
-                    f"{_echo(shown)} is not one of the task's datasets; the query can read "
-                    f"only the views {_echo(', '.join(sorted(views)) or '(none)')}"
+                    f"{shown} is not one of the task's datasets; the query can read only "
+                    f"the views {', '.join(listed[:_LISTED]) or '(none)'}{more}"
                 )
         elif name == _UNRESOLVED_FUNCTION:
             parts = node.get("nameParts")
@@ -684,9 +688,7 @@ def _check_analyzed(plan: Any, attached: set[str]) -> None:
                 and not identifier.catalog().isDefined()
                 and table in attached
             ):
-                raise NotAttached(
-                    f"{_echo(identifier.unquotedString())} is not one of the task's datasets"
-                )
+                raise NotAttached("the query reads a view that is not one of the task's datasets")
             continue  # the view's own plan: the input's files, filtered
         children = _items(node.children())
         subqueries = _items(node.subqueries())
