@@ -189,6 +189,7 @@ _LEAVES = frozenset(
 
 _PLAIN_NAME = re.compile(r"\[([A-Za-z_][A-Za-z0-9_]*)\]")
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_POSITION = re.compile(r"line (\d+),? pos(?:ition)? (\d+)")
 _GLOB = re.compile(r"[{}\[\]*?\\]")
 _MAX_MESSAGE = 2000
 _MAX_PLAN_NODES = 100_000
@@ -527,8 +528,19 @@ class SparkQueryService:
 
     def _message(self, exc: BaseException) -> str:
         """Spark's message of ``exc``, local store paths as ``s3://`` URIs, capped."""
+        from pyspark.errors import PySparkException
+
         java = getattr(exc, "java_exception", None)
-        if java is not None:
+        if isinstance(exc, PySparkException):
+            # getMessage() is the condition and message alone; str() may add the
+            # query excerpt (kept) or the analyzed plan (not: it is noise).
+            full = str(exc).split("\n\nJVM stacktrace:", 1)[0]
+            text = exc.getMessage() or full
+            if "== SQL" in full:
+                text += "\n" + full[full.index("== SQL") :].rstrip()
+            elif at := _POSITION.search(full):
+                text += f" (line {at.group(1)}, pos {at.group(2)})"
+        elif java is not None:
             name = str(java.getClass().getSimpleName())
             if name == "StackOverflowError":
                 text = "the query is nested too deeply"
