@@ -10,12 +10,20 @@ outputs and swaps in.
 from __future__ import annotations
 
 import io
+import json
+import os
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
+import sqlalchemy as sa
 
+from tests.crash_pipeline import CRASHING, crashing_platform
 from tests.factories import wait_until
 from tests.lite_pipeline import check_outputs, expected_alerts, small_dag, stored_alerts
 from trace_core.dispatcher.backfill import BackfillConfig
@@ -23,6 +31,7 @@ from trace_core.dispatcher.operators import OperatorSpec
 from trace_core.dispatcher.promoter import PromoterConfig
 from trace_core.dispatcher.service import DispatcherConfig
 from trace_core.dispatcher.sources import SourceConfig
+from trace_core.storage import schema
 from trace_core.storage.sql import SqlRepository
 from trace_core.worker.context import TaskContext
 from trace_lite.buffered import SinkConfig, table_name_of
@@ -34,6 +43,7 @@ from trace_lite.status import dataset_statuses, task_counts
 pytestmark = pytest.mark.anyio
 
 BLOCKS, SIZE = 1200, 400
+ROOT = Path(__file__).resolve().parent.parent
 FAST = DispatcherConfig(
     sources=SourceConfig(interval_seconds=0.2),
     promoter=PromoterConfig(interval_seconds=0.2),
@@ -167,3 +177,57 @@ async def test_rematerialized_version_swaps_in_with_identical_outputs(
     check_outputs(config.data_dir, list(after.values()), BLOCKS, SIZE)
     stored = stored_alerts(config.data_dir / "data.db", table_name_of(after["alerts"].location))
     assert set(stored) == expected_alerts(BLOCKS, SIZE) and len(stored) == len(set(stored))
+
+
+async def test_a_worker_killed_mid_partition_still_finishes_correctly(
+    tmp_path: Path, database_url: str, spark_provider: SparkSessionProvider
+) -> None:
+    dag = tmp_path / "chain.yaml"
+    dag.write_text(small_dag(BLOCKS, SIZE, operators={"aggregate": CRASHING}, heartbeat="3s"))
+    config = {
+        "url": database_url,
+        "data_dir": str(tmp_path / "lite"),
+        "dag": str(dag),
+        "partition": "400-799",
+    }
+    root = ROOT
+    child = await anyio.to_thread.run_sync(
+        lambda: subprocess.run(
+            [sys.executable, str(root / "tests" / "crash_pipeline.py"), json.dumps(config)],
+            cwd=root,
+            env={**os.environ, "PYTHONPATH": str(root)},
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
+    )
+    assert child.returncode == -signal.SIGKILL, child.stderr[-3000:]
+    assert "crash point reached: mid-partition 400-799" in child.stderr
+
+    async with crashing_platform(config, None, spark=spark_provider) as lite:
+        await lite.deploy(dag)  # unchanged: the same version goes on
+        await wait_until(
+            "the killed partition retried and everything done",
+            lambda: _all_done(lite),
+            time.monotonic() + 180,
+            describe=lambda: task_counts(lite.repo, "chain"),
+        )
+        attempts = await _attempts(lite, "aggregate")
+    assert attempts["400-799"] >= 2  # the killed attempt was reclaimed and retried
+    statuses = await _current(database_url)
+    data_dir = tmp_path / "lite"
+    check_outputs(data_dir, statuses, BLOCKS, SIZE)
+    alerts_table = table_name_of(next(s.location for s in statuses if s.name == "alerts"))
+    stored = stored_alerts(data_dir / "data.db", alerts_table)
+    assert len(stored) == len(set(stored)) and set(stored) == expected_alerts(BLOCKS, SIZE)
+
+
+async def _attempts(lite: TraceLite, job: str) -> dict[str, int]:
+    t, j = schema.tasks, schema.jobs
+    async with lite.repo.read() as tx:
+        rows = await tx.connection.execute(
+            sa.select(t.c.partitions, t.c.attempt)
+            .join(j, j.c.id == t.c.job_id)
+            .where(j.c.name == job)
+        )
+        return {r.partitions[0]: r.attempt for r in rows}
