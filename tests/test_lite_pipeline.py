@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -35,6 +36,7 @@ from trace_core.storage import schema
 from trace_core.storage.sql import SqlRepository
 from trace_core.worker.context import TaskContext
 from trace_lite.buffered import SinkConfig, table_name_of
+from trace_lite.cli import main
 from trace_lite.platform import LiteConfig, TraceLite
 from trace_lite.run_command import RunOptions, run_pipeline
 from trace_lite.spark import SparkSessionProvider
@@ -71,7 +73,10 @@ async def _current(database_url: str) -> list[Any]:
 
 
 async def test_pipeline_outputs_equal_the_reference(
-    tmp_path: Path, database_url: str, spark_provider: SparkSessionProvider
+    tmp_path: Path,
+    database_url: str,
+    spark_provider: SparkSessionProvider,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     dag = tmp_path / "chain.yaml"
     dag.write_text(small_dag(BLOCKS, SIZE))
@@ -93,6 +98,28 @@ async def test_pipeline_outputs_equal_the_reference(
     assert summary.alerts == len(expected)
     text = out.getvalue()
     assert "chain: finished" in text and "range_aggregates" in text
+
+    # The status commands read the same state.
+    db, data_dir = ["--db", database_url], ["--data-dir", str(config.data_dir)]
+    capsys.readouterr()
+    outputs = []
+    for argv in (
+        ["status", "chain", *db],
+        ["datasets", "chain", *db, *data_dir],
+        ["tasks", "chain", *db, "--job", "alerts"],
+    ):
+        assert await anyio.to_thread.run_sync(main, argv) == 0
+        outputs.append(capsys.readouterr().out)
+    status, datasets, tasks = outputs
+    assert re.search(r"range_aggregates\s+current\s+\S+\s+3\s+0-1199", status)
+    assert re.search(r"aggregate\s+0\s+0\s+0\s+3\s+0", status)
+    assert re.search(rf"alerts\s.*current\s+\d+\s+0\s+{len(expected)}\s+postgres_table:", datasets)
+    assert re.search(r"transactions\s.*current\s+3\s+1200\s+\d+\s+s3://", datasets)
+    assert sorted(re.findall(r"alerts\s+(\d+-\d+)\s+Completed", tasks)) == [
+        "0-399",
+        "400-799",
+        "800-1199",
+    ]
 
 
 def _fail_once_after(run: Any, failures: dict[str, int]) -> Any:

@@ -714,9 +714,10 @@ def test_fuzzing_the_query_route_never_answers_a_server_error(
                     @given(case=operation.as_strategy(generation_mode=mode), data=st.data())
                     def run(case: Any, data: st.DataObject) -> None:
                         headers = {HEADER: join.token}
-                        if data.draw(st.integers(0, 4)) == 0:
+                        # Hypothesis leans to small draws: 0 is the usual case here.
+                        if data.draw(st.integers(0, 4)) == 4:
                             headers = {HEADER: data.draw(st.sampled_from(["", "x.y.z"]))}
-                        if isinstance(case.body, dict) and data.draw(st.integers(0, 3)):
+                        if isinstance(case.body, dict) and data.draw(st.integers(0, 3)) != 3:
                             case.body["task_id"] = str(join.task_id)
                             case.body["attempt"] = join.attempt
                             if data.draw(st.integers(0, 2)) == 0:
@@ -738,6 +739,7 @@ def test_fuzzing_the_query_route_never_answers_a_server_error(
                             )
                         )
                         assert SECRET not in response.text
+                        print("FUZZ", response.status_code, response.text[:100])
                         case.validate_response(
                             response,
                             checks=[not_a_server_error, response_schema_conformance],

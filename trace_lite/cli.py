@@ -31,6 +31,7 @@ from trace_core.storage.url import parse_database_url
 from trace_core.tasks import TaskQueue
 from trace_lite.demo import DemoConfig, run_demo
 from trace_lite.ops_commands import OPS_COMMANDS, add_ops_commands, run_ops_command
+from trace_lite.status_commands import STATUS_COMMANDS, add_status_commands, run_status_command
 
 __all__ = ["main"]
 
@@ -98,6 +99,7 @@ def _parser() -> argparse.ArgumentParser:
     back.add_argument("--db", help=db_help)
     back.add_argument("--org", default="default", help="org slug (default 'default')")
     add_ops_commands(sub, db_help)
+    add_status_commands(sub, db_help)
 
     serve = sub.add_parser(
         "serve",
@@ -158,6 +160,11 @@ def _parser() -> argparse.ArgumentParser:
         "--blocks", type=_positive("--blocks"), help="follow this many blocks (default: the DAG's)"
     )
     run.add_argument("--workers", type=_positive("--workers"), default=4, help="worker threads")
+    run.add_argument(
+        "--rematerialize",
+        metavar="DATASET",
+        help="rebuild DATASET (and what depends on it) as new versions; watch them swap in",
+    )
     run.add_argument("--spark-master", default="local[*]", help="Spark master (local[*])")
     run.add_argument("--spark-remote", help="Spark Connect URL (sc://host:port) instead")
     run.add_argument(
@@ -182,7 +189,13 @@ def _run(args: argparse.Namespace) -> int:
         workers=args.workers,
         spark=SparkConfig(master=args.spark_master, remote=args.spark_remote),
     )
-    options = RunOptions(Path(args.file), config, blocks=args.blocks, timeout_seconds=args.timeout)
+    options = RunOptions(
+        Path(args.file),
+        config,
+        blocks=args.blocks,
+        rematerialize=args.rematerialize,
+        timeout_seconds=args.timeout,
+    )
     summary = anyio.run(run_pipeline, options, sys.stdout)
     return 0 if summary.finished else 1
 
@@ -333,6 +346,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return anyio.run(_dag_rollback, args, url)
         if args.command in OPS_COMMANDS:
             return anyio.run(run_ops_command, args, url)
+        if args.command in STATUS_COMMANDS:
+            return anyio.run(run_status_command, args, url)
         if args.command == "serve":
             return _serve(args, url)
         if args.command == "db" and args.db_command == "upgrade":

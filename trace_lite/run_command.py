@@ -18,6 +18,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -38,8 +39,15 @@ from trace_lite.status import (
     table_rows,
     task_counts,
 )
+from trace_lite.tables import render_table
 
-__all__ = ["RunOptions", "RunSummary", "run_pipeline", "with_block_count"]
+__all__ = [
+    "RunOptions",
+    "RunSummary",
+    "run_pipeline",
+    "with_block_count",
+    "with_rematerialization",
+]
 
 
 @dataclass(frozen=True)
@@ -49,6 +57,10 @@ class RunOptions:
     dag_file: Path
     config: LiteConfig
     blocks: int | None = None
+    rematerialize: str | None = None
+    """A dataset to rebuild: its producer's config gets a new ``rematerialize``
+    token, so it (and everything downstream) gets new dataset versions, built
+    beside the current ones and swapped in once caught up."""
     timeout_seconds: float = 3600.0
     refresh_seconds: float = 1.0
 
@@ -91,6 +103,17 @@ def with_block_count(text: str, blocks: int) -> str:
     return str(yaml.safe_dump(doc, sort_keys=False))
 
 
+def with_rematerialization(text: str, dataset: str, token: str) -> str:
+    """The DAG YAML with ``config.rematerialize = token`` on ``dataset``'s producer."""
+    doc = yaml.safe_load(text)
+    for job in doc.get("jobs", []) if isinstance(doc, dict) else []:
+        outputs = job.get("outputs", []) if isinstance(job, dict) else []
+        if any(isinstance(o, dict) and o.get("dataset") == dataset for o in outputs):
+            job["config"] = {**(job.get("config") or {}), "rematerialize": token}
+            return str(yaml.safe_dump(doc, sort_keys=False))
+    raise ConfigurationError(f"--rematerialize: no job of the DAG produces {dataset!r}")
+
+
 def _load(options: RunOptions, operators: frozenset[str]) -> DagDocument:
     try:
         text = options.dag_file.read_text(encoding="utf-8")
@@ -99,6 +122,10 @@ def _load(options: RunOptions, operators: frozenset[str]) -> DagDocument:
     name = str(options.dag_file)
     if options.blocks is not None:
         text, name = with_block_count(text, options.blocks), f"{name} (--blocks {options.blocks})"
+    if options.rematerialize is not None:
+        token = datetime.now(UTC).strftime("%Y%m%dT%H%M%S.%fZ")
+        text = with_rematerialization(text, options.rematerialize, token)
+        name = f"{name} (--rematerialize {options.rematerialize})"
     return parse_dag(text, file=name, operators=operators)
 
 
@@ -237,14 +264,12 @@ async def _fill_summary(lite: TraceLite, summary: RunSummary) -> None:
 def _print_summary(summary: RunSummary, say: Any) -> None:
     say("")
     say(f"{summary.dag_name}: {'finished' if summary.finished else 'STOPPED BEFORE FINISHING'}")
-    header = ("dataset", "version", "dag version", "events", "rows")
     rows = [
-        (d["dataset"], d["version"], d["dag_version"], f"{d['partitions']:,}", f"{d['rows']:,}")
+        (d["dataset"], d["version"], d["dag_version"], f"{d['events']:,}", f"{d['rows']:,}")
         for d in summary.datasets
     ]
-    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-    for row in [header, *rows]:
-        say("  " + "  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)))
+    for line in render_table(("dataset", "version", "dag version", "events", "rows"), rows):
+        say("  " + line)
     tasks = ", ".join(f"{state} {n:,}" for state, n in sorted(summary.tasks.items()))
     say(f"  tasks: {tasks or 'none'}")
     say(f"  alerts: {summary.alerts:,}")

@@ -1,0 +1,164 @@
+"""``trace-lite status``, ``datasets`` and ``tasks``: what a DAG has done.
+
+Read-only views of the state database (and, for row counts, of the lite
+data directory: Parquet footers in the object store, the buffered tables of
+the data database).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import anyio
+import sqlalchemy as sa
+
+from trace_core.dag.coverage import Coverage
+from trace_core.storage import schema
+from trace_core.storage.sql import SqlRepository
+from trace_lite.buffered import DataDatabase
+from trace_lite.status import dataset_statuses, object_rows, table_rows, task_counts
+from trace_lite.tables import render_table
+
+__all__ = ["STATUS_COMMANDS", "add_status_commands", "run_status_command"]
+
+STATUS_COMMANDS = ("status", "datasets", "tasks")
+_STATES = ("Queued", "Running", "Failed", "Completed", "Canceled")
+
+
+def add_status_commands(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], db_help: str
+) -> None:
+    """Register ``status``, ``datasets`` and ``tasks`` on the ``trace-lite`` parser."""
+    for name, text in (
+        ("status", "a DAG's versions, dataset coverage and tasks per job and state"),
+        ("datasets", "a DAG's datasets: versions, events, blocks covered, rows"),
+        ("tasks", "a DAG's tasks, newest first"),
+    ):
+        cmd = sub.add_parser(name, help=text)
+        cmd.add_argument("dag_name")
+        cmd.add_argument("--db", help=db_help)
+        cmd.add_argument("--org", default="default", help="org slug (default 'default')")
+        if name == "datasets":
+            cmd.add_argument("--data-dir", default=".trace", help="lite data directory (.trace/)")
+            cmd.add_argument("--data-db", help="data database URL (default <data-dir>/data.db)")
+        if name == "tasks":
+            cmd.add_argument("--job", help="only this job's tasks")
+            cmd.add_argument("--state", choices=_STATES, help="only tasks in this state")
+            cmd.add_argument("--limit", type=int, default=50, help="at most this many (50)")
+
+
+async def run_status_command(args: argparse.Namespace, url: str) -> int:
+    """Run one of :data:`STATUS_COMMANDS`; the exit code."""
+    repo = SqlRepository(url)
+    try:
+        if args.command == "status":
+            lines = await _status(repo, args.dag_name, args.org)
+        elif args.command == "datasets":
+            lines = await _datasets(repo, args)
+        else:
+            lines = await _tasks(repo, args)
+    finally:
+        await repo.close()
+    print("\n".join(lines))
+    return 0
+
+
+async def _status(repo: SqlRepository, dag: str, org: str) -> list[str]:
+    statuses = await dataset_statuses(repo, dag, org_slug=org)
+    counts = await task_counts(repo, dag, org_slug=org)
+    if not statuses and not counts.by_job:
+        return [f"{dag}: not deployed"]
+    lines = [f"{dag}:"]
+    rows = [
+        (s.name, s.dag_version_status, str(s.dataset_version)[:8], s.events, _ranges(s.coverage))
+        for s in statuses
+    ]
+    lines += [
+        "  " + line
+        for line in render_table(("dataset", "dag version", "version", "events", "covered"), rows)
+    ]
+    task_rows = [
+        (job, *(counts.by_job[job].get(state, 0) for state in _STATES))
+        for job in sorted(counts.by_job)
+    ]
+    lines += [""] + ["  " + line for line in render_table(("job", *_STATES), task_rows)]
+    return lines
+
+
+def _ranges(coverage: Coverage) -> str:
+    """Block ranges (the first three), else the cursor, else ``-``."""
+    ranges = coverage.ranges
+    if not ranges:
+        return "-" if coverage.max_cursor is None else f"cursor {coverage.max_cursor}"
+    shown = ", ".join(f"{a}-{b}" for a, b in ranges[:3])
+    return shown + (f" (+{len(ranges) - 3} more)" if len(ranges) > 3 else "")
+
+
+async def _datasets(repo: SqlRepository, args: argparse.Namespace) -> list[str]:
+    statuses = await dataset_statuses(repo, args.dag_name, org_slug=args.org)
+    data_dir = Path(args.data_dir)
+    data = DataDatabase(args.data_db or f"sqlite:///{data_dir / 'data.db'}")
+    rows = []
+    try:
+        for s in statuses:
+            if s.location.startswith("s3://"):
+                _, count = await anyio.to_thread.run_sync(
+                    object_rows, data_dir / "objects", s.location
+                )
+            else:
+                count = await table_rows(data, s.location)
+            rows.append(
+                (
+                    s.name,
+                    str(s.dataset_version),
+                    s.dag_version_status,
+                    s.events,
+                    s.blocks_covered,
+                    count,
+                    s.location,
+                )
+            )
+    finally:
+        await data.close()
+    header = ("dataset", "version", "dag version", "events", "blocks", "rows", "location")
+    return render_table(header, rows)
+
+
+async def _tasks(repo: SqlRepository, args: argparse.Namespace) -> list[str]:
+    t, j, o = schema.tasks, schema.jobs, schema.orgs
+    stmt = (
+        sa.select(
+            t.c.id,
+            j.c.name,
+            t.c.partitions,
+            t.c.status,
+            t.c.attempt,
+            t.c.queued_at,
+            t.c.error_message,
+        )
+        .join(j, j.c.id == t.c.job_id)
+        .join(o, o.c.id == j.c.org_id)
+        .where(o.c.slug == args.org, j.c.dag_name == args.dag_name)
+        .order_by(t.c.queued_at.desc())
+        .limit(max(1, args.limit))
+    )
+    if args.job:
+        stmt = stmt.where(j.c.name == args.job)
+    if args.state:
+        stmt = stmt.where(t.c.status == args.state)
+    async with repo.read() as tx:
+        found = (await tx.connection.execute(stmt)).all()
+    rows = [
+        (
+            str(r.id),
+            r.name,
+            ",".join(r.partitions or ()) or "-",
+            r.status,
+            r.attempt,
+            r.queued_at.strftime("%Y-%m-%d %H:%M:%S"),
+            (r.error_message or "")[:60],
+        )
+        for r in found
+    ]
+    return render_table(("task", "job", "partition", "state", "attempt", "queued", "error"), rows)
