@@ -60,7 +60,7 @@ def test_readme_examples_run(index: int, tmp_path: Path) -> None:
         cwd=tmp_path,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=300,
     )
     assert done.returncode == 0, done.stderr
     assert list(tmp_path.glob("*.db")), "each example works on a SQLite file"
