@@ -228,16 +228,16 @@ def _follower_range(ctx: TaskContext) -> tuple[int, int]:
     raise InvalidInput("outputs[0].range", "block_follower needs a block range")
 
 
-def _chain_head(config: Mapping[str, Any], end: int, started: float, now: float) -> int:
-    """The synthetic chain's head: already past ``end`` unless ``blocks_per_second``
-    makes it grow from ``start_block`` as the source runs (a live chain)."""
-    confirmations = _int(config, "confirmations", 12)
+def _chain_head(config: Mapping[str, Any], first: int, last: int, elapsed: float) -> int:
+    """The synthetic chain's head: past ``last`` already (a chain with history),
+    or, with ``blocks_per_second``, growing from ``first`` as the source runs
+    (a live chain, where the confirmation depth makes the follower wait)."""
     rate = config.get("blocks_per_second")
     if rate is None:
-        return end + confirmations
+        return last + _int(config, "confirmations", 12)
     if isinstance(rate, bool) or not isinstance(rate, int | float) or rate <= 0:
         raise InvalidInput("config.blocks_per_second", "must be a positive number")
-    return int(config.get("head_start", 0)) + int((now - started) * float(rate))
+    return first + int(elapsed * float(rate))
 
 
 def block_follower(runtime: PipelineRuntime, ctx: TaskContext) -> OperatorResult:
@@ -270,7 +270,7 @@ def block_follower(runtime: PipelineRuntime, ctx: TaskContext) -> OperatorResult
             directive = ctx.directive_blocking()
             if directive == "stop":
                 return OperatorResult()
-            head = _chain_head(config, last, started, time.monotonic())
+            head = _chain_head(config, first, last, time.monotonic() - started)
             if directive == "run" and end <= head - confirmations:
                 break
             _wait(ctx, _PAUSE_POLL_SECONDS)
@@ -442,7 +442,11 @@ def pipeline_operators(runtime: PipelineRuntime) -> list[OperatorSpec]:
 
     def bind(run: Callable[[PipelineRuntime, TaskContext], OperatorResult]) -> Any:
         def operator(ctx: TaskContext) -> OperatorResult:
-            return run(runtime, ctx)
+            try:
+                return run(runtime, ctx)
+            except InvalidInput as exc:
+                # A bad job config or payload: another attempt fails the same way.
+                raise OperatorError(str(exc), retryable=False) from exc
 
         operator.__name__ = operator.__qualname__ = run.__name__
         return operator
