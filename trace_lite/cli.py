@@ -125,6 +125,7 @@ def _parser() -> argparse.ArgumentParser:
         default=".trace",
         help="directory of the signing keys and the credential key (default .trace/)",
     )
+    serve.add_argument("--data-db", help="data database URL (default sqlite:///<data-dir>/data.db)")
     worker = sub.add_parser(
         "worker",
         help="claim tasks of worker streams over HTTP and run them",
@@ -236,6 +237,7 @@ def _serve(args: argparse.Namespace, url: str) -> int:
         log_level=args.log_level,
         operators=args.operators,
         data_dir=args.data_dir,
+        data_database_url=args.data_db,
     )
     serve(config, token)
     return 0

@@ -49,6 +49,7 @@ from trace_lite.credentials import CredentialBroker, capability_issuer, token_ve
 from trace_lite.envelope import LocalKeyEncryption
 from trace_lite.object_store import LocalObjectStore
 from trace_lite.pipeline.operators import ALERT_SCHEMA, PipelineRuntime, pipeline_operators
+from trace_lite.query_service import SparkQueryService
 from trace_lite.secret_files import read_or_create_secret
 from trace_lite.serve import open_signing_keys, read_minter_key
 from trace_lite.spark import SparkConfig, SparkSessionProvider
@@ -112,6 +113,7 @@ class _Parts:
     data: DataDatabase
     spark: SparkSessionProvider
     encryption: LocalKeyEncryption
+    query: SparkQueryService
 
 
 class TraceLite:
@@ -178,6 +180,12 @@ class TraceLite:
     def spark(self) -> SparkSessionProvider:
         """The shared, lazily started Spark session."""
         return self._started().spark
+
+    @property
+    def query(self) -> SparkQueryService:
+        """The query service over this platform's object store, for
+        ``create_app(query=...)`` when serving the HTTP API."""
+        return self._started().query
 
     @property
     def encryption(self) -> LocalKeyEncryption:
@@ -248,7 +256,8 @@ class TraceLite:
         except BaseException:
             await stack.aclose()
             raise
-        self._parts = _Parts(store, buffer, sink, data, spark, LocalKeyEncryption(kek))
+        query = SparkQueryService(spark, store)
+        self._parts = _Parts(store, buffer, sink, data, spark, LocalKeyEncryption(kek), query)
         self._stack, self._group, self._dispatcher = stack, group, dispatcher
         log.info("trace-lite started: state %s, data dir %s", repo.url.render(), data_dir)
 

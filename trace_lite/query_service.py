@@ -66,6 +66,7 @@ import logging
 import os
 import re
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -194,6 +195,8 @@ _GLOB = re.compile(r"[{}\[\]*?\\]")
 _MAX_MESSAGE = 2000
 _MAX_PLAN_NODES = 100_000
 _SCHEMA_CACHE = 1024  # datasets
+_INTERRUPT_SECONDS = 300.0
+_INTERRUPT_EVERY = 0.25
 _ECHO = 120
 _LISTED = 32  # view names listed in an error
 
@@ -222,14 +225,19 @@ class _Running:
             raise _Cancelled
 
     def interrupt(self) -> None:
+        """Cancel the query's Spark jobs, now and again until its thread ends: a
+        job submitted just after one interrupt would otherwise run on."""
         with self._lock:
             self.cancelled = True
+        deadline = time.monotonic() + _INTERRUPT_SECONDS
+        while not self.done and time.monotonic() < deadline:
             session = self._session
-        if session is not None and not self.done:
-            try:
-                session.interruptAll()
-            except Exception:  # the query may have just ended; nothing to cancel
-                log.debug("interrupting a query session failed", exc_info=True)
+            if session is not None:
+                try:
+                    session.interruptAll()
+                except Exception:  # the query may have just ended; nothing to cancel
+                    log.debug("interrupting a query session failed", exc_info=True)
+            time.sleep(_INTERRUPT_EVERY)
 
 
 class SparkQueryService:
@@ -316,8 +324,10 @@ class SparkQueryService:
                 )
         finally:
             if not running.done:
-                with anyio.CancelScope(shield=True):
-                    await anyio.to_thread.run_sync(running.interrupt)
+                # Timed out or cancelled: the worker thread is abandoned; stop its jobs.
+                threading.Thread(
+                    target=running.interrupt, name="trace-query-interrupt", daemon=True
+                ).start()
         raise InvalidInput(
             "sql",
             f"the query ran longer than {self.timeout_seconds:g} s and was cancelled",
@@ -411,7 +421,13 @@ class SparkQueryService:
                 iterator = found.iterator()
                 while iterator.hasNext():
                     names.add(str(iterator.next().funcName()).lower())
-                self._builtins = frozenset(names - DENIED_FUNCTIONS)
+                if names & DENIED_FUNCTIONS:
+                    # Fail closed if this Spark names its functions differently.
+                    raise ConfigurationError(
+                        "SparkQueryService could not remove "
+                        f"{', '.join(sorted(names & DENIED_FUNCTIONS))} from a query session"
+                    )
+                self._builtins = frozenset(names)
             return self._builtins
 
     def _is_plan(self, session: SparkSession, class_name: str) -> bool:
@@ -429,6 +445,8 @@ class SparkQueryService:
         return known
 
     def _attach(self, session: SparkSession, name: str, item: DatasetInput) -> None:
+        from pyspark.sql.types import StructType
+
         spark_errors = _spark_errors()
         if item.postgres_table is not None:
             raise InvalidInput(
@@ -436,8 +454,6 @@ class SparkQueryService:
                 f"view {name} is a Postgres-table dataset; this Query Service attaches "
                 "Parquet datasets in the object store only",
             )
-        from pyspark.sql.types import StructType
-
         files = self._parquet_files(name, item)
         first = Path(files[0].removeprefix("file:")).stat()
         key = (item.location, files[0], first.st_size, first.st_mtime_ns)

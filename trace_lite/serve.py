@@ -20,6 +20,12 @@ ring, and ``/v1/task/credentials`` through a
 :class:`~trace_core.security.LocalCredentialMinter` whose key is kept in
 ``<data dir>/credentials.key`` (so credentials stay checkable across
 restarts). Both key files are readable by their owner only.
+
+Data: ``/v1/task/buffer-publish`` appends to the buffer in the data database
+(``--data-db``, ``<data dir>/data.db`` by default), drained by a sink that
+runs beside the server; ``/v1/task/query`` runs Spark SQL over the datasets
+of the caller's token, in the object store under ``<data dir>/objects``
+(Spark starts on the first query).
 """
 
 from __future__ import annotations
@@ -77,7 +83,15 @@ class ServeConfig:
     """``module:attribute`` naming an :class:`OperatorRegistry` (or a callable
     returning one) for ``runtime: dispatcher`` jobs; none by default."""
     data_dir: str = ".trace"
-    """Where the signing keys (``keys/``) and the credential minter's key live."""
+    """Where the signing keys (``keys/``), the credential minter's key and the
+    object store (``objects/``, for the query service) live."""
+    data_database_url: str | None = None
+    """The data database of buffered tables (``<data_dir>/data.db`` by default)."""
+
+    @property
+    def data_url(self) -> str:
+        """The data database URL."""
+        return self.data_database_url or f"sqlite:///{Path(self.data_dir) / 'data.db'}"
 
 
 def read_internal_token(token_file: str | None, environ: Mapping[str, str]) -> str:
@@ -188,13 +202,22 @@ async def _serve(
     from trace_core.dispatcher.service import Dispatcher, DispatcherConfig
     from trace_core.security import LocalCredentialMinter
     from trace_core.storage.sql import SqlRepository
+    from trace_lite.buffered import BufferSink, DataDatabase, SqlDatasetBuffer
+    from trace_lite.pipeline.operators import ALERT_SCHEMA
+    from trace_lite.query_service import SparkQueryService
+    from trace_lite.spark import SparkSessionProvider
 
     clock = SystemClock()
     repo = SqlRepository(config.database_url)
+    data = DataDatabase(config.data_url)
+    # Started on the first query only: a server without queries never pays for a JVM.
+    spark = SparkSessionProvider()
     try:
+        await data.open()
         capabilities = capability_issuer(ring, repo, clock, DispatcherConfig().storage_root)
         # Built inside the event loop: the Dispatcher's services own loop-bound primitives.
         dispatcher = Dispatcher(repo, operators=operators, clock=clock, capabilities=capabilities)
+        sink = BufferSink(data, repo, [ALERT_SCHEMA], gateway=dispatcher.gateway, clock=clock)
         app = create_app(
             dispatcher,
             internal_token=token,
@@ -202,6 +225,8 @@ async def _serve(
             jwks=ring.jwks,
             verifier=token_verifier(ring, clock),
             minter=LocalCredentialMinter(minter_key, clock=clock),
+            buffer=SqlDatasetBuffer(data, clock=clock),
+            query=SparkQueryService(spark, Path(config.data_dir) / "objects"),
         )
         server = uvicorn.Server(
             uvicorn.Config(
@@ -213,6 +238,11 @@ async def _serve(
                 server_header=False,
             )
         )
-        await server.serve()
+        async with anyio.create_task_group() as group:
+            await sink.start(group)
+            await server.serve()
+            await sink.stop()
     finally:
+        await anyio.to_thread.run_sync(spark.stop)
+        await data.close()
         await repo.close()

@@ -50,11 +50,11 @@ from fastapi import APIRouter, Response
 from fastapi.responses import JSONResponse
 from pydantic import AfterValidator, BaseModel, Field
 
-from trace_core.api.capability import CapabilityRefused, TaskCapability, bind_capability
-from trace_core.api.errors import Conflict, Forbidden, error_response
+from trace_core.api.capability import TaskCapability
+from trace_core.api.errors import Forbidden, error_response
 from trace_core.api.fields import Attempt, Request, check_text
 from trace_core.api.models import ErrorBody
-from trace_core.api.task_scoped import TASK_ERROR_RESPONSES
+from trace_core.api.task_scoped import TASK_ERROR_RESPONSES, check_current_attempt
 from trace_core.dispatcher.service import Dispatcher
 from trace_core.security.claims import CapabilityClaims, DatasetInput
 
@@ -199,20 +199,6 @@ def query_router(dispatcher: Dispatcher, service: QueryService) -> APIRouter:
     router = APIRouter(prefix="/v1/task", tags=["task"], responses=TASK_ERROR_RESPONSES)
     names_cache: dict[uuid.UUID, dict[uuid.UUID, str]] = {}
 
-    async def current(claims: CapabilityClaims, task_id: uuid.UUID, attempt: int) -> None:
-        # The rule of task_scoped's routes: this attempt's token, the latest
-        # attempt, and running.
-        bind_capability(claims, task_id, attempt)
-        state = await dispatcher.tasks.leases.inspect(task_id)
-        if state.attempt != attempt:
-            raise CapabilityRefused(
-                "superseded", "a newer attempt of the task has started; this token is revoked"
-            )
-        if state.status != "Running":
-            raise Conflict(
-                "not_running", f"task {task_id} attempt {attempt} is {state.status}, not Running"
-            )
-
     async def names_of(task_id: uuid.UUID) -> dict[uuid.UUID, str]:
         found = names_cache.get(task_id)
         if found is None:
@@ -236,7 +222,9 @@ def query_router(dispatcher: Dispatcher, service: QueryService) -> APIRouter:
     ) -> QueryResponse | JSONResponse:
         """Run one read-only SQL query over the task's input datasets (views named
         ``input_<i>``, ``ds_<dataset_uuid hex>`` and the dataset names)."""
-        await current(claims, request.task_id, request.attempt)
+        await check_current_attempt(
+            dispatcher, claims, request.task_id, request.attempt, running=True
+        )
         views = dataset_views(claims.inputs, await names_of(request.task_id))
         try:
             result = await service.query(claims, request.sql, limit=request.limit, views=views)

@@ -65,7 +65,7 @@ from trace_core.dispatcher.service import Dispatcher
 from trace_core.security.claims import POSTGRES_TABLE_SCHEME, CapabilityClaims
 from trace_core.security.minting import CredentialMinter
 
-__all__ = ["TASK_ERROR_RESPONSES", "task_router"]
+__all__ = ["TASK_ERROR_RESPONSES", "check_current_attempt", "task_router"]
 
 _OUTPUTS_CACHE = 4096  # tasks
 
@@ -92,6 +92,30 @@ _FORBIDDEN: dict[int | str, dict[str, Any]] = {
 }
 
 
+async def check_current_attempt(
+    dispatcher: Dispatcher,
+    claims: CapabilityClaims,
+    task_id: uuid.UUID,
+    attempt: int,
+    *,
+    running: bool = False,
+) -> None:
+    """The rule of every ``/v1/task`` route: the token is for this attempt
+    (401 ``wrong_task``), which is the task's latest (401 ``superseded``: a
+    reclaim revokes the old attempt's token at once) and, with ``running``,
+    still running (409 ``not_running``)."""
+    bind_capability(claims, task_id, attempt)
+    state = await dispatcher.tasks.leases.inspect(task_id)
+    if state.attempt != attempt:
+        raise CapabilityRefused(
+            "superseded", "a newer attempt of the task has started; this token is revoked"
+        )
+    if running and state.status != "Running":
+        raise Conflict(
+            "not_running", f"task {task_id} attempt {attempt} is {state.status}, not Running"
+        )
+
+
 def task_router(
     dispatcher: Dispatcher,
     *,
@@ -106,17 +130,7 @@ def task_router(
     async def current(
         claims: CapabilityClaims, task_id: uuid.UUID, attempt: int, *, running: bool = False
     ) -> None:
-        """The token is for this attempt, which is the task's latest (and running)."""
-        bind_capability(claims, task_id, attempt)
-        state = await dispatcher.tasks.leases.inspect(task_id)
-        if state.attempt != attempt:
-            raise CapabilityRefused(
-                "superseded", "a newer attempt of the task has started; this token is revoked"
-            )
-        if running and state.status != "Running":
-            raise Conflict(
-                "not_running", f"task {task_id} attempt {attempt} is {state.status}, not Running"
-            )
+        await check_current_attempt(dispatcher, claims, task_id, attempt, running=running)
 
     async def outputs_of(task_id: uuid.UUID) -> dict[uuid.UUID, str | None]:
         found = outputs.get(task_id)

@@ -146,7 +146,9 @@ def commit_parquet(df: DataFrame, destination: str | Path) -> int:
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = target.parent / f"{STAGING_PREFIX}{uuid.uuid4().hex}"
     try:
-        df.coalesce(1).write.mode("errorifexists").parquet(str(staging))
+        # The staging directory is fresh (a new uuid): "overwrite" replaces nothing,
+        # and unlike the default mode it is supported by Spark Connect too.
+        df.coalesce(1).write.mode("overwrite").parquet(str(staging))
         parts = sorted(staging.glob("part-*.parquet"))
         if len(parts) != 1:
             raise RuntimeError(f"Spark wrote {len(parts)} part files into {staging} instead of one")
