@@ -113,7 +113,7 @@ class _Parts:
     data: DataDatabase
     spark: SparkSessionProvider
     encryption: LocalKeyEncryption
-    query: SparkQueryService
+    query: SparkQueryService | None
 
 
 class TraceLite:
@@ -184,8 +184,13 @@ class TraceLite:
     @property
     def query(self) -> SparkQueryService:
         """The query service over this platform's object store, for
-        ``create_app(query=...)`` when serving the HTTP API."""
-        return self._started().query
+        ``create_app(query=...)`` when serving the HTTP API (classic Spark only)."""
+        query = self._started().query
+        if query is None:
+            raise ConfigurationError(
+                "the query service needs a classic Spark session, not Spark Connect"
+            )
+        return query
 
     @property
     def encryption(self) -> LocalKeyEncryption:
@@ -256,7 +261,8 @@ class TraceLite:
         except BaseException:
             await stack.aclose()
             raise
-        query = SparkQueryService(spark, store)
+        # The query service inspects plans in classic sessions only (not Spark Connect).
+        query = None if spark.config.remote else SparkQueryService(spark, store)
         self._parts = _Parts(store, buffer, sink, data, spark, LocalKeyEncryption(kek), query)
         self._stack, self._group, self._dispatcher = stack, group, dispatcher
         log.info("trace-lite started: state %s, data dir %s", repo.url.render(), data_dir)
