@@ -69,7 +69,7 @@ from trace_core.storage import schema
 from trace_core.storage.url import create_sync_engine, parse_database_url
 from trace_lite.platform import LiteConfig
 from trace_lite.run_command import RunOptions, RunSummary, run_pipeline, with_block_count
-from trace_lite.spark import SparkConfig, SparkSessionProvider
+from trace_lite.spark import DEFAULT_SPARK_CONF, SparkConfig, SparkSessionProvider
 
 __all__ = ["DEFAULT_DAG", "main", "run_benchmark"]
 
@@ -101,6 +101,14 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         help="blocks both sides process once, untimed, before the runs (0: no warm-up)",
     )
     p.add_argument("--spark-master", default="local[*]", help="the shared session's master")
+    p.add_argument(
+        "--spark-conf",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="added to the session's configuration (DEFAULT_SPARK_CONF), e.g. "
+        "spark.driver.memory=3g; repeatable",
+    )
     p.add_argument("--timeout", type=float, default=3600.0, help="per pipeline run, seconds")
     p.add_argument("--keep", action="store_true", help="keep the data directories (logged)")
     p.add_argument("-v", "--verbose", action="store_true", help="pipeline progress to stderr")
@@ -114,6 +122,9 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         p.error("--refresh must be > 0")
     if args.warmup_blocks < 0:
         p.error("--warmup-blocks must be >= 0")
+    for item in args.spark_conf:
+        if "=" not in item or not item.partition("=")[0]:
+            p.error(f"--spark-conf {item!r}: expected KEY=VALUE")
     return args
 
 
@@ -416,6 +427,9 @@ def run_benchmark(args: argparse.Namespace, spark: SparkSessionProvider) -> dict
         "partitions": len(spec.ranges),
         "workers": args.workers,
         "spark_master": spark.config.master,
+        "spark_conf_changes": {
+            k: v for k, v in spark.config.conf.items() if DEFAULT_SPARK_CONF.get(k) != v
+        },
         "refresh_seconds": args.refresh,
         "seconds": round(pipeline_s, 3),
         "blocks_per_s": round(args.blocks / pipeline_s, 1) if pipeline_s > 0 else 0.0,
@@ -441,12 +455,14 @@ def run_benchmark(args: argparse.Namespace, spark: SparkSessionProvider) -> dict
 def main(argv: Sequence[str] | None = None, *, spark: SparkSessionProvider | None = None) -> int:
     """Run the benchmark and print its JSON; 0 if every run finished with equal outputs.
 
-    ``spark`` shares a session provider the caller owns (``--spark-master`` is
-    then ignored); otherwise one is made here and stopped at the end.
+    ``spark`` shares a session provider the caller owns (``--spark-master`` and
+    ``--spark-conf`` are then ignored); otherwise one is made here and stopped at the end.
     """
     args = _parse(argv)
     configure_logging(False, "py4j", "trace_core", "trace_lite")
-    provider = spark or SparkSessionProvider(SparkConfig(master=args.spark_master))
+    extra = dict(item.split("=", 1) for item in args.spark_conf)
+    conf = {**DEFAULT_SPARK_CONF, **extra}
+    provider = spark or SparkSessionProvider(SparkConfig(master=args.spark_master, conf=conf))
     try:
         result = run_benchmark(args, provider)
     finally:

@@ -221,3 +221,14 @@ async def test_bad_batches_become_dead_letters_without_blocking_others(kit: Kit)
     assert "records[0].level" in errors[5] and "int" in errors[5]
     assert [key for _, key, _, _ in await kit.rows()] == ["b"]
     assert await kit.buffer.pending() == 0  # dead letters are not pending
+
+
+async def test_each_batch_that_adds_rows_gets_its_own_event(kit: Kit) -> None:
+    """Batch ids are event cursors: a batch published after the previous one
+    was drained (and deleted) must not reuse its id."""
+    sink = kit.sink()
+    for note in (NOTE_A, NOTE_B, {**NOTE_A, "dedupe_key": "c"}):
+        await kit.publish([note])
+        assert (await sink.run_once()).events == 1
+    cursors = await kit.events()
+    assert len(cursors) == 3 and len(set(cursors)) == 3

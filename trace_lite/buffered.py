@@ -88,7 +88,7 @@ _metadata = sa.MetaData()
 buffer_batches = sa.Table(
     "trace_buffer_batches",
     _metadata,
-    # INTEGER PRIMARY KEY is SQLite's rowid alias (autoincrementing); BIGINT elsewhere.
+    # INTEGER PRIMARY KEY is SQLite's rowid alias; BIGINT identity elsewhere.
     sa.Column("id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), primary_key=True),
     sa.Column("dataset_uuid", Uuid(), nullable=False),
     sa.Column("schema_hash", sa.Text(), nullable=False),
@@ -100,6 +100,10 @@ buffer_batches = sa.Table(
     sa.Column("rows_written", sa.Integer()),
     sa.Column("error", sa.Text()),
     sa.Index("idx_trace_buffer_batches_pending", "written_at", "id"),
+    # Batch ids are the cursors of the dataset's events: never reused, or a
+    # new batch after the newest was deleted would repeat a cursor (and its
+    # event be taken for a redelivery). SQLite reuses rowids without this.
+    sqlite_autoincrement=True,
 )
 """The buffer: one row per published batch, deleted once its event is out."""
 
