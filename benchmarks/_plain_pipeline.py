@@ -39,8 +39,11 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AGGREGATES",
+    "BLOCKS",
+    "TRANSACTIONS",
     "PipelineSpec",
     "PlainResult",
+    "plain_alert_keys",
     "plain_spark_pipeline",
     "with_partition_size",
 ]

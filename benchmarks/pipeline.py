@@ -17,7 +17,10 @@ The two alternate which goes first. ``overhead_ratio`` is the median of the
 per-run ratios pipeline / plain (the machine is noisy; the per-run lists are
 in the output too). ``outputs_equal`` is true when both sides wrote the same
 partition files with the same row counts for blocks and transactions, equal
-contents for every aggregates file, and the same set of alerts.
+contents for every aggregates file, and the same set of alerts. Each entry
+of ``per_run`` also says where the time went: ``plain_phases`` (seconds per
+phase of the script) and ``pipeline_timeline`` (from the run's state
+database, see :func:`pipeline_timeline`).
 
 One JSON object on stdout; logs (and with ``-v`` the pipeline's progress) go
 to stderr. Exit status 1 if a pipeline run did not finish or the outputs

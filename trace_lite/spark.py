@@ -39,6 +39,13 @@ DEFAULT_SPARK_CONF: Mapping[str, str] = MappingProxyType(
         _LOG_LEVEL_KEY: "WARN",
         # No progress bars on the console (they interleave with test and CLI output).
         "spark.ui.showConsoleProgress": "false",
+        # The driver is the executor in local mode. JVM DataFrames stay alive
+        # until Python's cyclic GC frees their Py4J proxies; with the default
+        # 1 GB heap a 10^6-block run ran out of memory (benchmarks/pipeline.py).
+        "spark.driver.memory": "3g",
+        # An out-of-memory error kills Spark's scheduler thread and every later
+        # job waits forever: exit instead, so the attempt fails and is seen.
+        "spark.driver.extraJavaOptions": "-XX:+ExitOnOutOfMemoryError",
     }
 )
 """The configuration :class:`SparkConfig` starts from."""
