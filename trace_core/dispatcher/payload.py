@@ -12,8 +12,8 @@ materialized, by output index) and ``partitions``.
 An input's ``location`` is the ``storage_location`` of its pinned dataset
 version (``None`` only if that version row is gone). Pinned versions are
 normally among the task's DAG version pointers, already read for the
-outputs; any other is looked up in one more query. Dataset names come from
-one more query over every dataset the tasks read or write.
+outputs; any other is looked up in one more query. Dataset names come with
+the pointers (another query only for a dataset outside them).
 """
 
 from __future__ import annotations
@@ -36,7 +36,8 @@ __all__ = ["task_payloads"]
 async def task_payloads(
     conn: AsyncConnection, task_ids: Sequence[uuid.UUID]
 ) -> dict[uuid.UUID, dict[str, Any]]:
-    """The payload of each existing task among ``task_ids`` (three or four queries)."""
+    """The payload of each existing task among ``task_ids`` (two queries, one
+    more for source tasks, and rarely one for inputs outside the pointers)."""
     t, j = schema.tasks, schema.jobs
     rows = (
         await conn.execute(
@@ -64,7 +65,7 @@ async def task_payloads(
     tasks = list(rows)
     locations = await _output_locations(conn, {r["dag_version_id"] for r in tasks})
     stored = await _input_locations(conn, tasks, locations)
-    names = await _dataset_names(conn, tasks)
+    names = await _dataset_names(conn, tasks, locations)
     coverage = await _source_output_coverage(conn, tasks, locations)
     payloads = {}
     for row in tasks:
@@ -124,12 +125,13 @@ class _Pointer:
     version: uuid.UUID
     location: str
     range: dict[str, int] | None
+    name: str
 
 
 async def _output_locations(
     conn: AsyncConnection, dag_versions: set[uuid.UUID]
 ) -> dict[uuid.UUID, dict[uuid.UUID, _Pointer]]:
-    p, v = schema.dag_version_datasets, schema.dataset_versions
+    p, v, d = schema.dag_version_datasets, schema.dataset_versions, schema.datasets
     if not dag_versions:
         return {}
     rows = await conn.execute(
@@ -140,14 +142,16 @@ async def _output_locations(
             v.c.storage_location,
             v.c.range_start,
             v.c.range_end,
+            d.c.name,
         )
         .join(v, v.c.id == p.c.dataset_version)
+        .join(d, d.c.id == p.c.dataset_uuid)
         .where(p.c.dag_version_id.in_(dag_versions))
     )
     found: dict[uuid.UUID, dict[uuid.UUID, _Pointer]] = {}
-    for dag_version, dataset, version, location, start, end in rows:
+    for dag_version, dataset, version, location, start, end, name in rows:
         span = None if start is None or end is None else {"start": start, "end": end}
-        found.setdefault(dag_version, {})[dataset] = _Pointer(version, location, span)
+        found.setdefault(dag_version, {})[dataset] = _Pointer(version, location, span, name)
     return found
 
 
@@ -170,8 +174,19 @@ async def _source_output_coverage(
     return {version: [list(r) for r in c.ranges] for version, c in found.items()}
 
 
-async def _dataset_names(conn: AsyncConnection, tasks: Sequence[Any]) -> dict[str, str]:
-    """``{dataset_uuid (str): name}`` of every dataset ``tasks`` read or write."""
+async def _dataset_names(
+    conn: AsyncConnection,
+    tasks: Sequence[Any],
+    pointers: dict[uuid.UUID, dict[uuid.UUID, _Pointer]],
+) -> dict[str, str]:
+    """``{dataset_uuid (str): name}`` of every dataset ``tasks`` read or write:
+    from the DAG versions' pointers, and one query for any other (an input
+    pinned outside its task's DAG version)."""
+    known = {
+        str(dataset): pointer.name
+        for by_dataset in pointers.values()
+        for dataset, pointer in by_dataset.items()
+    }
     wanted: set[uuid.UUID] = set()
     for row in tasks:
         wanted.update(uuid.UUID(str(d)) for d in row["output_datasets"] or ())
@@ -180,11 +195,12 @@ async def _dataset_names(conn: AsyncConnection, tasks: Sequence[Any]) -> dict[st
                 wanted.add(uuid.UUID(str(item["dataset_uuid"])))
             except (KeyError, TypeError, ValueError):
                 continue
-    if not wanted:
-        return {}
-    d = schema.datasets
-    rows = await conn.execute(sa.select(d.c.id, d.c.name).where(d.c.id.in_(sorted(wanted))))
-    return {str(dataset): name for dataset, name in rows}
+    missing = sorted(w for w in wanted if str(w) not in known)
+    if missing:
+        d = schema.datasets
+        rows = await conn.execute(sa.select(d.c.id, d.c.name).where(d.c.id.in_(missing)))
+        known.update({str(dataset): name for dataset, name in rows})
+    return known
 
 
 def _version_of(item: Any) -> uuid.UUID | None:
