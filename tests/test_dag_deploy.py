@@ -35,10 +35,18 @@ pytestmark = pytest.mark.anyio
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 CHAIN = (EXAMPLES / "chain_pipeline.yaml").read_text()
+
+
+def _edited(old: str, new: str) -> str:
+    """The example with ``old`` replaced; fails loudly if the example changed."""
+    assert old in CHAIN, f"examples/chain_pipeline.yaml no longer has {old!r}"
+    return CHAIN.replace(old, new)
+
+
 # A change of the aggregate's input filter: a new version of range_aggregates
 # and (downstream) alerts; blocks and transactions are untouched.
-CHAIN_FILTER_CHANGED = CHAIN.replace('where: "value > 0"', 'where: "value > 1"')
-CHAIN_SCALED = CHAIN.replace("max_concurrency: 4", "max_concurrency: 8")
+CHAIN_FILTER_CHANGED = _edited('where: "value > 0"', 'where: "value > 1"')
+CHAIN_SCALED = _edited("max_concurrency: 2", "max_concurrency: 8")
 
 REPORTS = """\
 dag: reports
@@ -155,7 +163,13 @@ async def test_first_deploy_swaps_at_once_and_fills_every_column(
     follow, aggregate, alerts = jobs["follow"], jobs["aggregate"], jobs["alerts"]
     assert follow["source"] == {"kind": "always_on"}
     assert follow["bootstrap"] == {"reset_outputs": False}
-    assert follow["config"] == {"chain_id": 1, "seed": 7, "partition_size": 1000}
+    assert follow["config"] == {
+        "chain_id": 1,
+        "seed": 7,
+        "partition_size": 10000,
+        "confirmations": 12,
+        "mean_txs_per_block": 20,
+    }
     assert follow["output_datasets"] == [str(ds["blocks"]), str(ds["transactions"])]
     assert follow["input_datasets"] == []
     assert (follow["timeout_seconds"], follow["heartbeat_timeout_seconds"]) == (3600, 60)
@@ -166,7 +180,7 @@ async def test_first_deploy_swaps_at_once_and_fills_every_column(
     assert aggregate["idle_timeout"] == "5m"
     assert aggregate["input_datasets"] == [str(ds["blocks"]), str(ds["transactions"])]
     assert aggregate["config"] == {"inputs_where": {str(ds["transactions"]): "value > 0"}}
-    assert aggregate["scaling"] == {"max_concurrency": 4}
+    assert aggregate["scaling"] == {"max_concurrency": 2}
     assert aggregate["backpressure"] == {"max_queue_depth": 1000, "max_queue_age_seconds": 600}
     assert aggregate["priority_tier"] == "normal"
     assert (aggregate["timeout_seconds"], aggregate["heartbeat_timeout_seconds"]) == (900, 30)
@@ -447,7 +461,7 @@ async def test_live_jobs_are_current_plus_the_building_jobs_of_new_versions(
     }
     current = by_key[("current", "aggregate")]
     assert current.where == {ds["transactions"]: "value > 0"}
-    assert current.scaling == {"max_concurrency": 4}
+    assert current.scaling == {"max_concurrency": 2}
     assert current.backpressure == {"max_queue_depth": 1000, "max_queue_age_seconds": 600}
     assert (current.priority_tier, current.max_attempts) == ("normal", 3)
     assert (current.timeout_seconds, current.heartbeat_timeout_seconds) == (900, 30)
