@@ -27,7 +27,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import TracebackType
 
@@ -38,7 +38,6 @@ from trace_core.clock import Clock, SystemClock
 from trace_core.dag import DagDocument, DeployResult
 from trace_core.dag.loader import load_dag
 from trace_core.dispatcher.operators import OperatorRegistry, OperatorSpec
-from trace_core.dispatcher.runner import RunnerConfig
 from trace_core.dispatcher.service import Dispatcher, DispatcherConfig
 from trace_core.errors import ConfigurationError
 from trace_core.security import LocalCredentialMinter
@@ -96,13 +95,7 @@ class LiteConfig:
     def dispatcher_config(self) -> DispatcherConfig:
         """The Dispatcher's settings with the runner sized to ``workers``."""
         base = self.dispatcher or DispatcherConfig()
-        runner = RunnerConfig(
-            concurrency=self.workers,
-            heartbeat_fraction=base.runner.heartbeat_fraction,
-            heartbeat_seconds=base.runner.heartbeat_seconds,
-            retry_seconds=base.runner.retry_seconds,
-        )
-        return DispatcherConfig(**{**base.__dict__, "runner": runner})
+        return replace(base, runner=replace(base.runner, concurrency=self.workers))
 
 
 @dataclass(frozen=True)
