@@ -8,6 +8,8 @@ type on both engines.
 from __future__ import annotations
 
 import json
+import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -19,8 +21,34 @@ from sqlalchemy.sql.compiler import SQLCompiler
 
 __all__ = ["EmptyArray", "JSONDoc", "StringArray", "UTCDateTime", "Uuid"]
 
-Uuid = sa.Uuid
-"""Native ``UUID`` on Postgres, 32-hex ``CHAR`` on SQLite; Python ``uuid.UUID`` on both."""
+
+def _uuid_from_hex(value: str | None) -> uuid.UUID | None:
+    if value is None:
+        return None
+    if len(value) == 32:
+        return uuid.UUID(int=int(value, 16))
+    return uuid.UUID(value)
+
+
+class Uuid(sa.Uuid[uuid.UUID]):
+    """Native ``UUID`` on Postgres, 32-hex ``CHAR`` on SQLite; Python ``uuid.UUID`` on both.
+
+    On SQLite every id read back is parsed from its hex text. ``uuid.UUID(hex)``
+    re-validates the string it is given (strip, replace, length checks) and was
+    the largest single cost of a SQLite batch claim; the column holds the 32
+    hex digits SQLAlchemy wrote, so they are read as one integer instead.
+    """
+
+    cache_ok = True
+
+    def result_processor(self, dialect: Dialect, coltype: object) -> Callable[[Any], Any] | None:
+        if self.as_uuid and not (dialect.supports_native_uuid and self.native_uuid):
+            return _uuid_from_hex
+        processor: Callable[[Any], Any] | None = super().result_processor(  # type: ignore[no-untyped-call]
+            dialect, coltype
+        )
+        return processor
+
 
 JSONDoc = sa.JSON(none_as_null=True).with_variant(postgresql.JSONB(none_as_null=True), "postgresql")
 """``JSONB`` on Postgres, JSON text on SQLite. Python ``None`` is SQL ``NULL``
@@ -47,11 +75,26 @@ class UTCDateTime(sa.types.TypeDecorator[datetime]):
         return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
 
     def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
-        if value is None:
-            return None
-        if value.tzinfo is None:
-            return value.replace(tzinfo=UTC)
-        return value.astimezone(UTC)
+        return _as_utc(value)
+
+    def result_processor(self, dialect: Dialect, coltype: object) -> Callable[[Any], Any] | None:
+        if dialect.name == "sqlite":
+            # SQLite hands back the ISO text; ``fromisoformat`` parses it in C,
+            # several times faster than the dialect's regular expression.
+            return _utc_from_text
+        return super().result_processor(dialect, coltype)
+
+
+def _as_utc(value: datetime | None) -> datetime | None:
+    if value is None:
+        return None
+    if value.tzinfo is None:
+        return value.replace(tzinfo=UTC)
+    return value.astimezone(UTC)
+
+
+def _utc_from_text(value: str | datetime | None) -> datetime | None:
+    return _as_utc(datetime.fromisoformat(value) if isinstance(value, str) else value)
 
 
 class StringArray(sa.types.TypeDecorator[list[str]]):
