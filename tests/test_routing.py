@@ -309,3 +309,161 @@ async def test_paused_dependent_defers_without_losing_the_event(
     clock.advance(10)  # the deferred outbox row falls due
     await world.route_all()
     assert len(await world.tasks_of("per_update")) == 1
+
+
+SINGLE_INPUT_DAG = """
+dag: single
+jobs:
+  - name: follow
+    activation: source
+    runtime: dispatcher
+    operator: block_follower
+    source: { kind: always_on }
+    outputs: [ { dataset: blocks, kind: parquet } ]
+    update_strategy: replace
+  - name: per_partition
+    activation: reactive
+    runtime: ecs_platform
+    operator: range_aggregator
+    execution_strategy: PerPartition
+    inputs: [ { from: { dataset: blocks } } ]
+    outputs: [ { dataset: pp_out, kind: parquet } ]
+    update_strategy: replace
+  - name: per_update
+    activation: reactive
+    runtime: ecs_platform
+    operator: range_aggregator
+    execution_strategy: PerUpdate
+    inputs: [ { from: { dataset: blocks }, where: "number > 10" } ]
+    outputs: [ { dataset: pu_out, kind: parquet } ]
+    update_strategy: replace
+"""
+
+
+async def test_single_input_routing_records_every_outcome(
+    repo: SqlRepository, clock: ManualClock
+) -> None:
+    """Only single-input dependents: Postgres routes the batch in one set-based
+    statement, SQLite through the generic planner; both must store the same."""
+    deployed = await deploy(repo, parse_dag(SINGLE_INPUT_DAG, file="single.yaml"), clock=clock)
+    world = World(repo, clock, deployed)
+    await world.start_source()
+    blocks, v = world.pointer("blocks")
+    pp = deployed.jobs["per_partition"]
+    # a task that already holds one unit: routing finds it instead of making one
+    (held,) = await world.tasks.create([NewTask(pp, dedupe_key=f"partition:{blocks}:{v}:0-9")])
+    events = [world.partition("blocks", 0, 9), world.partition("blocks", 10, 19)]
+    events += [world.cursor("blocks", 7), DatasetEvent(blocks, v, partition_key="tail")]
+    ids = await world.emit([*events, events[1]])
+    await world.route_all()
+
+    units = ["partition:0-9", "partition:10-19", "cursor:7", "partition:tail"]
+    keys = [
+        f"partition:{blocks}:{v}:0-9",
+        f"partition:{blocks}:{v}:10-19",
+        f"cursor:{blocks}:{v}:7",
+        f"partition:{blocks}:{v}:tail",
+    ]
+    entries: list[dict[str, Any]] = [
+        {"partition_key": "0-9", "start": 0, "end": 9},
+        {"partition_key": "10-19", "start": 10, "end": 19},
+        {"cursor": "7"},
+        {"partition_key": "tail"},
+    ]
+    pinned = {"dataset_uuid": str(blocks), "dataset_version": str(v)}
+    for job, where in (("per_partition", None), ("per_update", "number > 10")):
+        tasks = {r.dedupe_key: r for r in await world.tasks_of(job)}
+        assert sorted(tasks) == sorted(keys), job
+        for event_id, key, entry in zip(ids, keys, entries, strict=False):
+            if job == "per_partition" and key == keys[0]:
+                assert tasks[key].id == held.task_id and tasks[key].input_versions is None
+                continue
+            assert tasks[key].input_versions == {
+                "inputs": [{**pinned, "where": where, **entry}],
+                "trigger_event_id": str(event_id),
+            }, (job, key)
+            assert tasks[key].partitions == (
+                None if "cursor" in entry else [entry["partition_key"]]
+            )
+
+    e, ti, t = schema.events, schema.task_inputs, schema.tasks
+    async with repo.read() as tx:
+        conn = tx.connection
+        stored = {
+            r.unit_key: r
+            for r in await conn.execute(
+                sa.select(
+                    e.c.unit_key,
+                    e.c.route_status,
+                    e.c.routed_at,
+                    e.c.tasks_created,
+                    e.c.tasks_existing,
+                    e.c.route_detail,
+                    e.c.received_at,
+                )
+            )
+        }
+        inputs = (
+            await conn.execute(
+                sa.select(t.c.dedupe_key, ti.c.input_dataset_uuid, ti.c.input_partition_key)
+                .join(t, t.c.id == ti.c.task_id)
+                .where(t.c.job_id == pp)
+            )
+        ).all()
+        versions = set((await conn.execute(sa.select(ti.c.input_version))).scalars())
+    # the task that existed before routing has no inputs row: routing did not make it
+    assert sorted(inputs) == sorted(
+        (key, blocks, unit.split(":", 1)[1] if unit.startswith("partition:") else unit)
+        for key, unit in zip(keys[1:], units[1:], strict=True)
+    )
+    assert versions == {stored[u].received_at for u in units}
+    assert stored["partition:0-9"].route_detail == {
+        "per_partition": "existing",
+        "per_update": "created",
+    }
+    assert (stored["partition:0-9"].tasks_created, stored["partition:0-9"].tasks_existing) == (1, 1)
+    for unit in units[1:]:
+        assert stored[unit].route_detail == {"per_partition": "created", "per_update": "created"}
+        assert (stored[unit].tasks_created, stored[unit].tasks_existing) == (2, 0)
+    assert {(r.route_status, r.routed_at) for r in stored.values()} == {("routed", clock.now())}
+
+    # every created task got its wake-up
+    o = schema.outbox
+    async with repo.read() as tx:
+        payloads = (
+            await tx.connection.execute(sa.select(o.c.payload).where(o.c.kind == "enqueue_task"))
+        ).scalars()
+        woken = {task_id for p in payloads for task_id in p["task_ids"]}
+    made = [r.id for job in ("per_partition", "per_update") for r in await world.tasks_of(job)]
+    assert {str(i) for i in made} <= woken
+    if repo.engine_name == "postgres":  # routed set-based: time-ordered ids (UUIDv7)
+        assert {i.version for i in made if i != held.task_id} == {7}
+
+
+async def test_routing_without_wakeup_rows_writes_none(
+    repo: SqlRepository, clock: ManualClock
+) -> None:
+    """Workers that only poll: routed tasks get no ``enqueue_task`` outbox row."""
+    deployed = await deploy(repo, parse_dag(SINGLE_INPUT_DAG, file="single.yaml"), clock=clock)
+    world = World(repo, clock, deployed)
+    await world.start_source()
+    world.router = EventRouter(
+        repo, clock=clock, tasks=TaskQueue(repo, clock=clock, wakeup_outbox=False)
+    )
+    o = schema.outbox
+    async with repo.read() as tx:
+        before = (
+            await tx.connection.execute(
+                sa.select(sa.func.count()).where(o.c.kind == "enqueue_task")
+            )
+        ).scalar_one()
+    await world.emit([world.partition("blocks", s, s + 9) for s in range(0, 50, 10)])
+    await world.route_all()
+    assert len(await world.tasks_of("per_partition")) == 5
+    async with repo.read() as tx:
+        after = (
+            await tx.connection.execute(
+                sa.select(sa.func.count()).where(o.c.kind == "enqueue_task")
+            )
+        ).scalar_one()
+    assert after == before  # the source's run task was woken before; routing woke none

@@ -30,7 +30,7 @@ from trace_core.dispatcher.coverage import record_coverage
 from trace_core.errors import InvalidInput, StaleClaim
 from trace_core.outbox import write_outbox
 from trace_core.storage import schema
-from trace_core.storage.bulk import bulk_insert, records_param
+from trace_core.storage.bulk import bulk_insert, id_block, records_param
 from trace_core.storage.protocol import NewOutboxRow, Repository, Transaction, within
 from trace_core.storage.sql import SqlTransaction, as_sql
 
@@ -295,29 +295,43 @@ async def _upsert_events(
         key = (event.dataset_version, event.unit_key)
         unique.setdefault(key, event)
         copies[key] = copies.get(key, 0) + 1
+    pg = tx.engine_name == "postgres"
+    text: dict[uuid.UUID | datetime, str] = {}
+
+    def value(v: uuid.UUID | datetime | None) -> Any:
+        # Postgres rows travel as JSON: format each distinct id and time once
+        if not pg or v is None:
+            return v
+        return text.get(v) or text.setdefault(
+            v, v.hex if isinstance(v, uuid.UUID) else v.isoformat()
+        )
+
+    block = id_block()  # time-ordered ids: appended to the primary key, not scattered
+    producer_id = value(None if producer is None else producer.task_id)
+    at = value(now)
     rows = [
         {
-            "id": uuid.uuid4(),
-            "dataset_uuid": ev.dataset_uuid,
-            "dataset_version": ev.dataset_version,
+            "id": f"{block}{n:08x}" if pg else uuid.UUID(f"{block}{n:08x}"),
+            "dataset_uuid": value(ev.dataset_uuid),
+            "dataset_version": value(ev.dataset_version),
             "unit_key": ev.unit_key,
             "cursor": None if ev.cursor is None else str(ev.cursor),
             "partition_key": ev.partition_key,
             "range_start": ev.start,
             "range_end": ev.end,
             "origin": "manual" if producer is None else "task",
-            "producer_task_id": None if producer is None else producer.task_id,
+            "producer_task_id": producer_id,
             "producer_attempt": None if producer is None else producer.attempt,
-            "received_at": now,
-            "last_received_at": now,
+            "received_at": at,
+            "last_received_at": at,
             "deliveries": copies[(ev.dataset_version, ev.unit_key)],
             "route_status": "pending",
             "tasks_created": 0,
             "tasks_existing": 0,
         }
-        for ev in unique.values()
+        for n, ev in enumerate(unique.values())
     ]
-    if tx.engine_name == "postgres":
+    if pg:
         insert = bulk_insert(e, list(rows[0]))
         params: Any = {"rows": records_param(rows)}
     else:

@@ -31,10 +31,12 @@ from functools import cached_property
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from trace_core.clock import Clock, SystemClock
 from trace_core.dag.coverage import Coverage, covers, read_coverage
+from trace_core.dispatcher.routing_sql import route_in_sql, set_based
 from trace_core.dispatcher.topology import (
     Dependent,
     InputEdge,
@@ -146,10 +148,16 @@ class EventRouter:
             report.events = len(events)
             if not events:
                 return report
-            plan = await self._plan(st, events, report, only_jobs=None)
-            task_ids = await self._create(st, plan)
-            live = await live_pointers(st.connection)
+            conn = st.connection
+            dependents = await reactive_dependents(conn, {e.dataset_uuid for e in events})
+            paused = await _paused(conn)
+            live = await live_pointers(conn)
             now = self.clock.now()
+            if st.engine_name == "postgres" and self._set_based(dependents, paused):
+                await self._route_in_sql(st, events, dependents, live, now, report)
+                return report
+            plan = await self._plan(st, events, dependents, paused, report)
+            task_ids = await self._create(st, plan)
             updates = []
             for event in events:
                 detail = plan.outcomes.get(event.id, {})
@@ -185,6 +193,45 @@ class EventRouter:
             await _update_events(st, updates)
         return report
 
+    def _set_based(
+        self,
+        dependents: Mapping[uuid.UUID, list[tuple[Dependent, InputEdge]]],
+        paused: set[uuid.UUID],
+    ) -> bool:
+        """Whether the batch can be routed by one set-based statement: only
+        single-input dependents, none paused, valid task settings (else the
+        generic path decides, and rejects bad settings with its errors)."""
+        jobs = [job for deps in dependents.values() for job, _ in deps]
+        return set_based(dependents) and all(
+            job.job_id not in paused
+            and job.max_attempts >= 1
+            and self.handicap(job.priority_tier) >= 0
+            for job in jobs
+        )
+
+    async def _route_in_sql(
+        self,
+        st: SqlTransaction,
+        events: Sequence[_Event],
+        dependents: Mapping[uuid.UUID, list[tuple[Dependent, InputEdge]]],
+        live: set[uuid.UUID],
+        now: datetime,
+        report: RouteReport,
+    ) -> None:
+        statuses = {e.id: "routed" if e.dataset_version in live else "not_current" for e in events}
+        report.routed = sum(1 for s in statuses.values() if s == "routed")
+        report.not_current = len(statuses) - report.routed
+        jobs = {job.job_id: job for deps in dependents.values() for job, _ in deps}
+        done = await route_in_sql(
+            st,
+            statuses,
+            [(job, self.handicap(job.priority_tier)) for job in jobs.values()],
+            now=now,
+            wakeup=self.tasks.wakeup,
+        )
+        report.tasks_created = done.created
+        report.tasks_existing = done.decisions - done.created
+
     async def replay(self, job_ids: Collection[uuid.UUID], *, batch: int = 500) -> RouteReport:
         """Backfill: route every stored event of the pinned input versions of
         ``job_ids`` to those jobs only, in batches of ``batch`` events.
@@ -205,7 +252,13 @@ class EventRouter:
                 if not events:
                     return report
                 report.events += len(events)
-                plan = await self._plan(st, events, report, only_jobs=wanted)
+                found = await reactive_dependents(st.connection, {e.dataset_uuid for e in events})
+                dependents = {
+                    ds: [(job, edge) for job, edge in deps if job.job_id in wanted]
+                    for ds, deps in found.items()
+                }
+                paused = await _paused(st.connection)
+                plan = await self._plan(st, events, dependents, paused, report)
                 task_ids = await self._create(st, plan)
             report.tasks_created += sum(1 for c in task_ids.values() if c.created)
             report.tasks_existing += sum(1 for c in task_ids.values() if not c.created)
@@ -216,21 +269,13 @@ class EventRouter:
         self,
         st: SqlTransaction,
         events: Sequence[_Event],
+        dependents: Mapping[uuid.UUID, list[tuple[Dependent, InputEdge]]],
+        paused: set[uuid.UUID],
         report: RouteReport,
-        *,
-        only_jobs: Collection[uuid.UUID] | None,
     ) -> _Plan:
-        conn = st.connection
-        dependents = await reactive_dependents(conn, {e.dataset_uuid for e in events})
-        if only_jobs is not None:
-            dependents = {
-                ds: [(job, edge) for job, edge in deps if job.job_id in only_jobs]
-                for ds, deps in dependents.items()
-            }
-        paused = await _paused(conn)
         # every input of every dependent: a PerPartition join checks the others
         inputs = {e.dataset_version for d in dependents.values() for j, _ in d for e in j.inputs}
-        coverage = await read_coverage(conn, inputs)
+        coverage = await read_coverage(st.connection, inputs)
         plan = _Plan()
         for event in events:
             self._plan_event(event, dependents, paused, coverage, plan, report)
@@ -333,9 +378,15 @@ def _select_events() -> sa.Select[Any]:
 
 async def _pending(conn: AsyncConnection, event_ids: Sequence[uuid.UUID]) -> list[_Event]:
     e = schema.events
+    if conn.dialect.name == "postgresql":
+        # one array parameter, not hundreds of expanded IN parameters
+        ids = sa.bindparam("ids", list(event_ids), type_=postgresql.ARRAY(sa.Uuid()))
+        wanted = e.c.id == sa.func.any(ids)
+    else:
+        wanted = e.c.id.in_(list(event_ids))
     rows = await conn.execute(
         _select_events()
-        .where(e.c.id.in_(list(event_ids)), e.c.route_status == "pending")
+        .where(wanted, e.c.route_status == "pending")
         .order_by(e.c.received_at, e.c.id)
     )
     return [_Event(*row) for row in rows]

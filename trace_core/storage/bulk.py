@@ -12,15 +12,19 @@ the per-row work happens in C on both sides. SQLite keeps ``executemany``
 from __future__ import annotations
 
 import json
+import secrets
+import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
 from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
+from sqlalchemy.ext.asyncio import AsyncConnection
 
-__all__ = ["bulk_insert", "json_records", "records_param"]
+__all__ = ["bulk_insert", "id_block", "json_records", "records_param", "unprepared"]
 
 
 def _default(value: object) -> object:
@@ -69,3 +73,39 @@ def bulk_insert(table: sa.Table, names: Sequence[str], *, param: str = "rows") -
     records = json_records([table.c[n] for n in names], param=param)
     select = sa.select(*[records.c[n] for n in names])
     return postgresql.insert(table).from_select(list(names), select)
+
+
+def id_block() -> str:
+    """The first 24 hex digits of a block of time-ordered ids (UUIDv7 layout).
+
+    A set-based statement appends an 8-hex-digit row counter
+    (``CAST(:prefix || lpad(to_hex(n), 8, '0') AS uuid)``): 48 bits of Unix
+    milliseconds, version 7, 42 random bits per block, then the counter (RFC
+    9562's dedicated counter). Ids made together are consecutive, so their
+    primary-key entries land at the right edge of the index instead of on
+    random pages.
+    """
+    millis = time.time_ns() // 1_000_000
+    rand = secrets.randbits(42)
+    rand_a, rand_b = rand >> 30, rand & (2**30 - 1)
+    # version 7 nibble, then the variant bits 0b10 ahead of rand_b's top 30 bits
+    return f"{millis:012x}7{rand_a:03x}{(0b10 << 30) | rand_b:08x}"
+
+
+@asynccontextmanager
+async def unprepared(conn: AsyncConnection) -> AsyncIterator[None]:
+    """Run the statements inside without server-side preparation (psycopg).
+
+    psycopg prepares a statement after a few executions; the server may then
+    reuse a generic plan made without the parameters' values. For a
+    set-based statement whose row counts come from an array or JSON
+    parameter that plan assumes a handful of rows, whatever the batch size.
+    Unprepared, every execution is planned for its own parameters.
+    """
+    driver = (await conn.get_raw_connection()).driver_connection
+    threshold = driver.prepare_threshold  # type: ignore[union-attr]
+    driver.prepare_threshold = None  # type: ignore[union-attr]
+    try:
+        yield
+    finally:
+        driver.prepare_threshold = threshold  # type: ignore[union-attr]
