@@ -2,12 +2,20 @@
 
 With pytest-xdist every worker is its own process, so each gets its own
 session (and JVM); ``local[2]`` matches the two cores of the CI machines.
-Starting a session takes seconds, so it is session-scoped and started only
-by the first test that asks for ``spark``.
+Starting a session takes seconds, so the provider is session-scoped and
+starts the session only when the first test asks for ``spark``.
+
+A test that kills or stops the JVM takes ``own_spark_provider``: pyspark
+holds one context per process, so the shared session is stopped for it and
+started again, lazily, by the next test that needs Spark. ``spark`` is
+module-scoped for the same reason: a module after such a test gets the
+session that is running then, not a stopped one.
 """
 
 from __future__ import annotations
 
+import os
+import signal
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -44,7 +52,30 @@ def spark_provider() -> Iterator[SparkSessionProvider]:
         provider.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def spark(spark_provider: SparkSessionProvider) -> SparkSession:
-    """The started session of this test process."""
+    """The running session of this test process."""
     return spark_provider.get()
+
+
+@pytest.fixture
+def own_spark_provider(spark_provider: SparkSessionProvider) -> Iterator[SparkSessionProvider]:
+    """A provider of this test's own, for tests that kill or stop its JVM.
+
+    The shared session is stopped first (the JVM is the process's, and a
+    second provider would share its context), and this one at the end.
+    """
+    spark_provider.stop()
+    provider = SparkSessionProvider(TEST_SPARK_CONFIG)
+    try:
+        yield provider
+    finally:
+        provider.stop()
+
+
+def kill_driver(session: SparkSession) -> int:
+    """SIGKILL the driver JVM ``session`` runs on and wait for it to exit; its pid."""
+    driver = session.sparkContext._gateway.proc  # type: ignore[union-attr]
+    os.kill(driver.pid, signal.SIGKILL)
+    driver.wait(timeout=60)
+    return int(driver.pid)

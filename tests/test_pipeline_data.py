@@ -657,6 +657,7 @@ def test_provider_starts_one_session_for_concurrent_callers(
         return session
 
     monkeypatch.setattr(provider, "_start", start)
+    monkeypatch.setattr(provider, "_death", lambda session: None)  # no JVM behind a fake
     results: list[object] = []
 
     def call() -> None:

@@ -1,22 +1,35 @@
-"""Source jobs on both engines: always-on runs, cron fires, manual triggers, bootstrap."""
+"""Source jobs on both engines: always-on runs, cron fires, manual triggers,
+bootstrap; and a running Dispatcher's loops woken by deploys, promotions and
+rollbacks."""
 
 from __future__ import annotations
 
+import contextlib
+import time
 import uuid
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import anyio
 import pytest
 import sqlalchemy as sa
 
+from tests.factories import set_progress, wait_until
 from trace_core.clock import ManualClock
 from trace_core.dag import DeployResult, deploy, live_jobs, parse_dag
+from trace_core.dispatcher.backfill import BackfillConfig
 from trace_core.dispatcher.cron import CronConfig, CronSchedule, CronScheduler, cron_key
 from trace_core.dispatcher.events import DatasetEvent, EventGateway, Producer
 from trace_core.dispatcher.journal import read_journal
 from trace_core.dispatcher.manual import ManualTrigger
+from trace_core.dispatcher.operators import OperatorRegistry, OperatorSpec
+from trace_core.dispatcher.periodic import PeriodicService
+from trace_core.dispatcher.promoter import PromoterConfig
 from trace_core.dispatcher.reaper import Reaper, lease_seconds_for
 from trace_core.dispatcher.retry_scheduler import RetryScheduler
+from trace_core.dispatcher.runner import OperatorResult, TaskContext
+from trace_core.dispatcher.service import Dispatcher, DispatcherConfig
 from trace_core.dispatcher.source_runs import source_run_key
 from trace_core.dispatcher.sources import SourceConfig, SourceDirective, SourceSupervisor
 from trace_core.errors import ConfigurationError, NotFound, StaleClaim
@@ -553,3 +566,143 @@ async def test_services_with_nothing_deployed(repo: SqlRepository, clock: Manual
     report = await SourceSupervisor(repo, clock=clock).run_once()
     assert (report.runs_created, report.transitions, report.retired) == ([], [], [])
     assert await SourceSupervisor(repo, clock=clock).drain() == []
+
+
+# --- deploys, promotions and rollbacks wake the loops ------------------------------
+
+HOUR = 3600.0
+WAKE_BOUND = 30.0
+"""Seconds a woken loop may take to act (it takes milliseconds; the interval is an hour)."""
+
+ASLEEP = DispatcherConfig(
+    sources=SourceConfig(interval_seconds=HOUR),
+    cron=CronConfig(interval_seconds=HOUR),
+    promoter=PromoterConfig(interval_seconds=HOUR),
+    backfill=BackfillConfig(interval_seconds=HOUR),
+)
+"""Every loop that acts on live jobs passes once at start, then not for an hour."""
+
+
+async def _never_runs(ctx: TaskContext) -> OperatorResult:
+    raise AssertionError("queued tasks are not run in these tests")
+
+
+# Tasks go to an in-memory worker queue nobody reads: they stay as created.
+QUEUED_DAG = DAG.replace("runtime: dispatcher", "runtime: ecs_platform")
+QUEUED_OPERATORS = OperatorRegistry(
+    [OperatorSpec(name, _never_runs) for name in ("block_follower", "cron_tick", "noop")]
+)
+ALWAYS_ON = "source: {kind: always_on}"
+GENERATION_2 = "\n    config: {generation: 2}"
+"""Appended to ``ALWAYS_ON``: a follower config that re-versions its outputs."""
+
+
+@contextlib.asynccontextmanager
+async def _running(dispatcher: Dispatcher) -> AsyncIterator[None]:
+    async with anyio.create_task_group() as group:
+        await dispatcher.start(group)
+        try:
+            yield
+        finally:
+            await dispatcher.stop()
+            group.cancel_scope.cancel()
+
+
+def _count_passes(monkeypatch: pytest.MonkeyPatch, service: PeriodicService) -> list[object]:
+    """The reports of ``service``'s passes, appended as each pass ends."""
+    reports: list[object] = []
+    run_once = service.run_once
+
+    async def counted() -> object:
+        report = await run_once()
+        reports.append(report)
+        return report
+
+    monkeypatch.setattr(service, "run_once", counted)
+    return reports
+
+
+def _parsed(text: str) -> Any:
+    return parse_dag(text, operators=QUEUED_OPERATORS.names())
+
+
+async def _progress(repo: SqlRepository, pointer: Any, clock: ManualClock) -> None:
+    """Blocks 0-99 written to the dataset version ``pointer``."""
+    await set_progress(repo, pointer.dataset_version, pointer.dataset_uuid, [[0, 99]], None, clock)
+
+
+async def _until(what: str, condition: Any, platform: Platform, job_id: uuid.UUID) -> None:
+    await wait_until(
+        what,
+        condition,
+        time.monotonic() + WAKE_BOUND,
+        describe=lambda: platform.tasks_of(job_id),
+    )
+
+
+async def test_a_deploy_wakes_the_source_supervisor_and_cron(
+    repo: SqlRepository, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    platform = Platform(repo, clock)
+    dispatcher = Dispatcher(repo, operators=QUEUED_OPERATORS, clock=clock, config=ASLEEP)
+    sources = _count_passes(monkeypatch, dispatcher.sources)
+    cron = _count_passes(monkeypatch, dispatcher.cron)
+    async with _running(dispatcher):
+        await wait_until(
+            "the first passes (nothing deployed yet)",
+            lambda: len(sources) == len(cron) == 1,
+            time.monotonic() + WAKE_BOUND,
+            describe=lambda: (sources, cron),
+        )
+        deployed = await dispatcher.deploy(_parsed(QUEUED_DAG))
+        follow, tick = deployed.jobs["follow"], deployed.jobs["tick"]
+
+        async def started() -> bool:
+            return len(await platform.tasks_of(follow)) == 1
+
+        async def scheduled() -> bool:
+            return (await platform.state(tick)).next_fire_at is not None
+
+        await _until("the always-on run created", started, platform, follow)
+        await _until("the cron schedule started", scheduled, platform, tick)
+    [run] = await platform.tasks_of(follow)
+    assert run.dedupe_key == source_run_key(follow)
+    assert (await platform.state(follow)).source_status == "Pending"
+
+
+async def test_a_promotion_and_a_rollback_wake_the_source_supervisor(
+    repo: SqlRepository, clock: ManualClock
+) -> None:
+    platform = Platform(repo, clock)
+    dispatcher = Dispatcher(repo, operators=QUEUED_OPERATORS, clock=clock, config=ASLEEP)
+    async with _running(dispatcher):
+        v1 = await dispatcher.deploy(_parsed(QUEUED_DAG))
+        old, blocks_v1 = v1.jobs["follow"], v1.datasets["blocks"]
+
+        async def runs(job_id: uuid.UUID, statuses: list[str]) -> bool:
+            return [r.status for r in await platform.tasks_of(job_id)] == statuses
+
+        await _until("v1's run", lambda: runs(old, ["Queued"]), platform, old)
+
+        # v1 has blocks 0-99: a follower with a new config builds a new blocks
+        # version, and its DAG version stays building until that catches up.
+        await _progress(repo, blocks_v1, clock)
+        clock.advance(60)
+        v2 = await dispatcher.deploy(
+            _parsed(QUEUED_DAG.replace(ALWAYS_ON, ALWAYS_ON + GENERATION_2))
+        )
+        assert v2.status == "building"
+        new, blocks_v2 = v2.jobs["follow"], v2.datasets["blocks"]
+        await _until("the building version's run", lambda: runs(new, ["Queued"]), platform, new)
+
+        # Caught up: the promotion swaps v2 in and v1's run stops now.
+        await _progress(repo, blocks_v2, clock)
+        await dispatcher.promoter.run_once()
+        await _until("v1's run retired", lambda: runs(old, ["Canceled"]), platform, old)
+        assert (await platform.state(old)).source_status == "Stopped"
+
+        # Rolled back: v1 is current again and its source gets a new run now.
+        result = await dispatcher.rollback("feeds")
+        assert result.current_version_id == v1.dag_version_id
+        await _until("v1's new run", lambda: runs(old, ["Canceled", "Queued"]), platform, old)
+    assert [r.status for r in await platform.tasks_of(new)] == ["Canceled"]

@@ -119,3 +119,33 @@ async def test_the_pipeline_runs_on_spark_connect(connect_url: str, tmp_path: Pa
     alerts = table_name_of(next(s.location for s in statuses if s.name == "alerts"))
     stored = stored_alerts(data_dir / "data.db", alerts)
     assert set(stored) == expected_alerts(BLOCKS, SIZE) and len(stored) == len(set(stored))
+
+
+# A child process, as above: this one holds classic sessions.
+_RECOVERY = """
+import sys
+from trace_lite.spark import SparkConfig, SparkSessionProvider
+provider = SparkSessionProvider(SparkConfig(remote=sys.argv[1]))
+first = provider.get()
+assert first.range(3).count() == 3
+first.stop()  # closed behind the provider's back
+second = provider.get()
+assert second is not first and provider.get() is second
+print(second.range(4).count())
+provider.stop()
+"""
+
+
+def test_a_closed_spark_connect_session_is_replaced(connect_url: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", _RECOVERY, connect_url],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["4"]
+    assert "the Spark Connect session is closed; starting a new one" in done.stderr
+    assert connect_url not in done.stderr  # the URL may carry a token: never logged

@@ -7,22 +7,33 @@ nothing pays for it until Spark is actually used), hands every thread the same
 session, and stops it once. pyspark is imported only inside those calls, so
 this module imports without the ``spark`` extra installed.
 
+The provider outlives a dead driver: when the JVM exits (out of memory under
+``-XX:+ExitOnOutOfMemoryError``, killed, crashed) every later call on the old
+session fails, so :meth:`~SparkSessionProvider.get` checks, cheaply, that the
+session it hands out is alive and otherwise starts a new one (logged at
+WARNING). Tasks that were running on the dead JVM fail and are retried by the
+Dispatcher; their retries get the new session.
+
 A classic (local or cluster) session is a process-wide singleton in pyspark:
 two providers in one process would share it, so keep one per process.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 __all__ = ["DEFAULT_SPARK_CONF", "SparkConfig", "SparkSessionProvider"]
+
+log = logging.getLogger(__name__)
 
 _LOG_LEVEL_KEY = "spark.log.level"
 
@@ -68,7 +79,13 @@ class SparkConfig:
 
 
 class SparkSessionProvider:
-    """One lazily started session shared by every thread of the process."""
+    """One lazily started session shared by every thread of the process.
+
+    A session found dead on :meth:`get` is replaced (see the module docstring):
+    a classic session whose driver JVM exited or whose context was stopped,
+    a Spark Connect session whose client was closed or whose server-side
+    session was lost (the server's JVM is not this process's to restart).
+    """
 
     def __init__(self, config: SparkConfig | None = None) -> None:
         self.config = config or SparkConfig()
@@ -83,23 +100,38 @@ class SparkSessionProvider:
     def get(self) -> SparkSession:
         """The session, started on the first call; concurrent callers get the same one.
 
-        After :meth:`stop`, the next call starts a new session.
+        A session that died since the last call is replaced by a new one,
+        started once however many threads ask at the same time. After
+        :meth:`stop`, the next call starts a new session.
         """
         session = self._session
-        if session is not None:
+        if session is not None and self._death(session) is None:
             return session
         with self._lock:
-            # Double-checked: another thread may have started it while we waited.
-            if self._session is None:
-                self._session = self._start()
-            return self._session
+            # Checked again: another thread may have started (or replaced) it
+            # while we waited for the lock.
+            session = self._session
+            if session is not None and (death := self._death(session)) is not None:
+                log.warning(
+                    "Spark session %r: %s; starting a new one", self.config.app_name, death.reason
+                )
+                self._forget(session, death)
+                session = self._session = None
+            if session is None:
+                session = self._session = self._start()
+            return session
 
     def stop(self) -> None:
         """Stop the session if one is running; calling it again does nothing."""
         with self._lock:
             session, self._session = self._session, None
-            if session is not None:
+            if session is None:
+                return
+            death = self._death(session)
+            if death is None:
                 session.stop()
+            else:
+                self._forget(session, death)
 
     def _start(self) -> SparkSession:
         from pyspark.sql import SparkSession
@@ -117,3 +149,97 @@ class SparkSessionProvider:
             # and spark.log.level only applies at context start).
             session.sparkContext.setLogLevel(self.config.conf.get(_LOG_LEVEL_KEY, "WARN"))
         return session
+
+    def _death(self, session: SparkSession) -> _Death | None:
+        """Why ``session`` can no longer be used, or ``None`` while it can."""
+        if self.config.remote is not None:
+            # A flag of the client (no round trip): set by stop() and when the
+            # server reports that the session it knew is gone.
+            remote: Any = session  # a pyspark.sql.connect SparkSession
+            return _Death("the Spark Connect session is closed") if remote.is_stopped else None
+        return _classic_death(session)
+
+    def _forget(self, session: SparkSession, death: _Death) -> None:
+        """Drop a dead session without waiting on the JVM it ran on."""
+        if self.config.remote is not None:
+            session.stop()  # best effort, no error; clears the default and active session
+        else:
+            _forget_classic(session, death)
+
+
+@dataclass(frozen=True)
+class _Death:
+    """Why a session can no longer be used."""
+
+    reason: str
+    """For the log: no URL (a Spark Connect URL may carry a token)."""
+    jvm_lost: bool = False
+    """Classic sessions: the driver JVM itself is gone (exited or not answering),
+    so the next session needs a new one, not just a new context."""
+
+
+def _classic_death(session: Any) -> _Death | None:
+    """:meth:`SparkSessionProvider._death` of a classic session.
+
+    The driver process is polled first (a system call): calling into a JVM
+    that exited fails slowly and noisily. Then one trivial gateway call,
+    which also sees a context that Spark itself stopped.
+    """
+    from py4j.protocol import Py4JError  # type: ignore[import-untyped]
+
+    context = session.sparkContext
+    driver = _driver_process(context._gateway)
+    if driver is not None and (code := driver.poll()) is not None:
+        return _Death(f"the driver JVM (pid {driver.pid}) exited with code {code}", jvm_lost=True)
+    jsc = context._jsc
+    if jsc is None:
+        return _Death("its SparkContext was stopped")
+    try:
+        stopped = jsc.sc().isStopped()
+    except (Py4JError, OSError) as exc:
+        return _Death(f"the driver JVM does not answer ({type(exc).__name__})", jvm_lost=True)
+    return _Death("its SparkContext was stopped") if stopped else None
+
+
+def _forget_classic(session: Any, death: _Death) -> None:
+    """Clear what pyspark caches of a dead session.
+
+    ``SparkSession.stop`` would call into the JVM (and raise, or wait, when it
+    is gone); this only resets the Python side, so that ``getOrCreate`` builds
+    a new context, on a new JVM when the old one is lost.
+    """
+    from pyspark.core.context import SparkContext
+    from pyspark.sql import SparkSession, SQLContext
+
+    context = session.sparkContext
+    gateway = context._gateway
+    context._jsc = None  # anyone still holding the context sees it stopped
+    if context._accumulatorServer is not None:
+        context._accumulatorServer.shutdown()
+        context._accumulatorServer = None
+    with SparkContext._lock:
+        if SparkContext._active_spark_context is context:
+            SparkContext._active_spark_context = None
+        if death.jvm_lost and SparkContext._gateway is gateway:
+            # The next context launches a new JVM instead of dialing the lost one.
+            SparkContext._gateway = None
+            SparkContext._jvm = None
+    SparkSession._instantiatedSession = None
+    SparkSession._activeSession = None
+    SQLContext._instantiatedContext = None
+    if death.jvm_lost and gateway is not None:
+        gateway.close()  # the Python side's sockets and callback server
+        driver = _driver_process(gateway)
+        if driver is not None and driver.stdin is not None:
+            with contextlib.suppress(OSError):
+                # Left open, the pipe warns when collected; closed, it also ends
+                # a lost JVM that still runs (its gateway exits at end of input).
+                driver.stdin.close()
+
+
+def _driver_process(gateway: Any) -> Any:
+    """The ``Popen`` of the driver JVM behind ``gateway``, if this process launched it.
+
+    A gateway handed over by ``spark-submit`` (``PYSPARK_GATEWAY_PORT``) has none.
+    """
+    return getattr(gateway, "proc", None)

@@ -4,6 +4,9 @@ The reaper, the retry scheduler, the source supervisor, cron, the idle
 scaler, the version promoter and the backpressure monitor are all a
 :class:`PeriodicService`: one pass is :meth:`~PeriodicService.run_once` (what
 tests and ``Dispatcher.run_once`` call), the loop repeats it until stopped.
+:meth:`~PeriodicService.wake` starts the next pass now instead of at the end
+of the interval: the Dispatcher calls it when something a service acts on
+changed (a deploy, a rollback, a promotion), so nothing waits for a tick.
 """
 
 from __future__ import annotations
@@ -32,8 +35,9 @@ class PeriodicService(ABC):
     """The shape of every Dispatcher sweeper: ``run_once()`` on an interval.
 
     ``start(task_group)`` runs the loop, ``stop()`` ends it after the current
-    pass. A failing pass is logged and retried on the next tick: a transient
-    database error must not end the Dispatcher's reaper for good.
+    pass, ``wake()`` makes the next pass start now. A failing pass is logged
+    and retried on the next tick: a transient database error must not end the
+    Dispatcher's reaper for good.
     """
 
     def __init__(self, interval_seconds: float) -> None:
@@ -41,6 +45,7 @@ class PeriodicService(ABC):
         # anyio primitives are made inside the loop: a service may be built
         # before any event loop runs (configuration, tests).
         self._stop_requested = False
+        self._wake_requested = False
         self._waiting: anyio.CancelScope | None = None
         self._stopped: anyio.Event | None = None
 
@@ -57,17 +62,33 @@ class PeriodicService(ABC):
         self._stopped = anyio.Event()
         try:
             while not self.stopping():
+                # Cleared before the pass, not after: a wake-up that arrives
+                # while the pass runs may concern what it has already read.
+                self._wake_requested = False
                 try:
                     await self.run_once()
                 except Exception:
                     log.exception("%s pass failed; retrying next tick", type(self).__name__)
                 if self.stopping():
                     break
+                if self._wake_requested:
+                    continue
                 with anyio.CancelScope() as self._waiting:
                     await anyio.sleep(self._interval)
                 self._waiting = None
         finally:
             self._stopped.set()
+
+    def wake(self) -> None:
+        """Start the next pass now rather than at the end of the interval.
+
+        A wake-up during a pass is not lost: another pass follows at once.
+        Before the loop starts it changes nothing (the first pass runs at
+        once anyway). Call it from the event loop the service runs in.
+        """
+        self._wake_requested = True
+        if self._waiting is not None:
+            self._waiting.cancel()
 
     async def start(self, task_group: anyio.abc.TaskGroup) -> None:
         """Run :meth:`run` in ``task_group``."""

@@ -7,6 +7,10 @@ the retry scheduler, the source supervisor and cron, the backpressure
 monitor, the idle scaler and the version promoter. ``run_once()`` runs one
 round of all of them in a fixed order, which is how tests and single-step
 tools drive it without clocks or sleeps; ``start``/``stop`` run them as loops.
+
+A deploy, a rollback and a promotion change which jobs are live: each wakes
+the loops that act on live jobs (sources, cron; after a deploy also backfill
+and the promoter), so an always-on source starts now, not a tick later.
 """
 
 from __future__ import annotations
@@ -142,15 +146,22 @@ class Dispatcher:
         )
         self.scaler = IdleScaler(repo, clock=clock_, config=cfg.scale)
         self.backfill = Backfiller(repo, self.router, clock=clock_, config=cfg.backfill)
-        self.promoter = VersionPromoter(repo, clock=clock_, config=cfg.promoter)
+        self.promoter = VersionPromoter(
+            repo, clock=clock_, config=cfg.promoter, on_promoted=self._live_jobs_changed
+        )
         self.manual = ManualTrigger(repo, clock=clock_, tasks=self.tasks, gateway=self.gateway)
         self.state = OperatorStateStore(repo, clock=clock_)
 
     # --- deploy and inspect ---------------------------------------------------
 
     async def deploy(self, document: DagDocument, *, org_slug: str | None = None) -> DeployResult:
-        """Deploy a DAG; its operators and runtimes must be registered here."""
-        return await deploy(
+        """Deploy a DAG; its operators and runtimes must be registered here.
+
+        The loops that act on live jobs pass at once: sources start, cron
+        schedules begin, a building version is backfilled and checked for
+        promotion without waiting for their interval.
+        """
+        result = await deploy(
             self.repo,
             document,
             clock=self.clock,
@@ -160,12 +171,27 @@ class Dispatcher:
             runtimes=self.runtimes.names(),
             cancel=self.tasks.cancel,
         )
+        self.backfill.wake()
+        self.promoter.wake()
+        self._live_jobs_changed()
+        return result
 
     async def rollback(self, dag_name: str, *, org_slug: str = "default") -> RollbackResult:
         """Undo the last deploy of ``dag_name``; abandoned work is canceled."""
-        return await rollback(
+        result = await rollback(
             self.repo, dag_name, org_slug=org_slug, clock=self.clock, cancel=self.tasks.cancel
         )
+        self._live_jobs_changed()
+        return result
+
+    def _live_jobs_changed(self) -> None:
+        """Start the next pass of the loops that act on live jobs now.
+
+        Without it a new always-on source would start (and a superseded one
+        stop, a cron schedule begin) only at the end of their interval.
+        """
+        self.sources.wake()
+        self.cron.wake()
 
     async def explain(
         self, dag_name: str, job_name: str, *, org_slug: str = "default"
