@@ -1,12 +1,15 @@
 """The Query Service (``POST /v1/task/query``) on Spark, on both engines.
 
 A DAG whose source ``follow`` writes three Parquet datasets (``blocks``,
-``txs``, ``secret``) and a Postgres table (``alerts``), and a reactive
-``join`` reading ``blocks`` (filtered ``number > 10``), ``txs`` and
-``alerts``. The tests write the Parquet objects under the lite object store
-root at the datasets' locations, then query as ``join``'s attempt: its token
-attaches ``blocks`` and ``txs`` only. ``secret`` holds a marker that no
-answer may ever contain, whatever the query tries.
+``txs``, ``secret``) and a buffered Postgres table (``alerts``), and a
+reactive ``join`` reading ``blocks`` (filtered ``number > 10``), ``txs`` and
+``alerts`` (filtered by severity and value). The tests write the Parquet
+objects under the lite object store root at the datasets' locations, publish
+alerts as ``follow`` through the real buffer and sink into the data database
+(a SQLite file, or the test's Postgres database), then query as ``join``'s
+attempt: its token attaches ``blocks``, ``txs`` and ``alerts``. ``secret``
+holds a marker that no answer may ever contain, whatever the query tries;
+so do the alert rows of another org written into the same table.
 """
 
 from __future__ import annotations
@@ -36,11 +39,15 @@ from trace_core.clock import ManualClock
 from trace_core.dag import DeployResult, parse_dag
 from trace_core.dispatcher.operators import OperatorRegistry, OperatorSpec
 from trace_core.dispatcher.service import Dispatcher
-from trace_core.errors import ConfigurationError, InvalidInput
+from trace_core.errors import ConfigurationError, DatabaseUnavailable, InvalidInput
 from trace_core.security.claims import DatasetInput
 from trace_core.storage import schema
 from trace_core.storage.sql import SqlRepository
+from trace_lite.buffered import BufferSink, DataDatabase, SqlDatasetBuffer, table_name_of
+from trace_lite.pipeline.operators import ALERT_SCHEMA
+from trace_lite.pipeline.predicate import parse_where
 from trace_lite.query_service import SparkQueryService, _check_analyzed
+from trace_lite.query_tables import TableViews, _Column, _column, _kind, _pushdown
 from trace_lite.spark import SparkConfig, SparkSessionProvider
 
 pytestmark = pytest.mark.anyio
@@ -75,6 +82,7 @@ jobs:
         where: "number > 10"
       - from: { dataset: txs }
       - from: { dataset: alerts }
+        where: "severity IN ('warning', 'critical') AND value > 1.5"
     outputs:
       - { dataset: joined }
 """
@@ -107,6 +115,31 @@ class Attempt:
     task: dict[str, Any]
 
 
+def alert(key: str, severity: str, value: float | None, **extra: Any) -> dict[str, Any]:
+    """An alert record as ``alert_evaluate`` publishes it."""
+    return {
+        "dedupe_key": key,
+        "rule": "busy_block",
+        "severity": severity,
+        "block_number": 11,
+        "metric": "tx_count",
+        "value": value,
+        "threshold": 1.5,
+        "partition_key": "0-99",
+        **extra,
+    }
+
+
+# The join's filter keeps warning and critical alerts with a value above 1.5.
+ALERTS = [
+    alert("a1", "warning", 2.0),
+    alert("a2", "critical", 5.0, block_number=20),
+    alert("a3", "info", 9.0),  # dropped by the filter's term run in SQL
+    alert("a4", "warning", 1.0),  # dropped by the term Spark runs (a float column)
+    alert("a5", "critical", None),
+]
+
+
 @dataclass
 class QueryWorld:
     dispatcher: Dispatcher
@@ -116,8 +149,10 @@ class QueryWorld:
     client: httpx.AsyncClient
     root: Path
     locations: dict[str, str]
-    """Dataset name -> its S3 location."""
+    """Dataset name -> its location."""
+    follow: Attempt
     join: Attempt
+    data: DataDatabase | None
 
     def dataset(self, name: str) -> uuid.UUID:
         return self.deployed.datasets[name].dataset_uuid
@@ -142,6 +177,40 @@ class QueryWorld:
 
     async def claim(self, task_id: uuid.UUID, worker: str = "worker-1") -> Attempt:
         return await _claim(self.client, task_id, worker)
+
+    async def publish_alerts(self, records: list[dict[str, Any]]) -> None:
+        """Publish as ``follow`` through the buffer, then drain it with the sink."""
+        assert self.data is not None
+        clock = self.kit.clock
+        await SqlDatasetBuffer(self.data, clock=clock).publish(
+            self.dataset("alerts"),
+            records,
+            producer_task_id=self.follow.task_id,
+            attempt=self.follow.attempt,
+            schema_hash=ALERT_SCHEMA.schema_hash,
+        )
+        sink = BufferSink(
+            self.data,
+            self.dispatcher.repo,
+            [ALERT_SCHEMA],
+            gateway=self.dispatcher.gateway,
+            clock=clock,
+        )
+        report = await sink.run_once()
+        assert report.dead == 0 and report.rows_written == len(records), report
+
+    async def write_other_org_alerts(self, org: uuid.UUID, records: list[dict[str, Any]]) -> None:
+        """Rows of another org in the same table (the sink never lets one org's
+        producer write them: this stands for a table two orgs share)."""
+        assert self.data is not None
+        table = ALERT_SCHEMA.table(table_name_of(self.locations["alerts"]))
+        now = self.kit.clock.now()
+        async with self.data.engine.begin() as conn:
+            await self.data.ensure_table(conn, table)
+            await conn.execute(
+                self.data.insert_ignoring_duplicates(table),
+                [{**record, "org_id": str(org), "created_at": now} for record in records],
+            )
 
     async def reclaim(self, claimed: Attempt) -> Attempt:
         clock = self.kit.clock
@@ -176,13 +245,37 @@ def _write(path: Path, table: pa.Table, name: str = "part-0.parquet") -> None:
 
 
 @pytest.fixture
-def service(spark_provider: SparkSessionProvider, tmp_path: Path) -> SparkQueryService:
-    return SparkQueryService(spark_provider, tmp_path / "objects", timeout_seconds=300)
+async def data(repo: SqlRepository, tmp_path: Path, engine: str) -> AsyncIterator[DataDatabase]:
+    """The data database: a SQLite file, or the test's Postgres database."""
+    url = (
+        f"sqlite:///{tmp_path / 'data.db'}"
+        if engine == "sqlite"
+        else repo.url.sync_url.render_as_string(hide_password=False)
+    )
+    database = DataDatabase(url)
+    await database.open()
+    try:
+        yield database
+    finally:
+        await database.close()
+
+
+@pytest.fixture
+def service(
+    spark_provider: SparkSessionProvider, tmp_path: Path, data: DataDatabase, repo: SqlRepository
+) -> SparkQueryService:
+    return SparkQueryService(
+        spark_provider, tmp_path / "objects", data=data, state=repo, timeout_seconds=300
+    )
 
 
 @asynccontextmanager
 async def open_world(
-    repo: SqlRepository, clock: ManualClock, service: SparkQueryService, root: Path
+    repo: SqlRepository,
+    clock: ManualClock,
+    service: SparkQueryService,
+    root: Path,
+    data: DataDatabase | None = None,
 ) -> AsyncIterator[QueryWorld]:
     """The DAG deployed, the Parquet objects written, ``join`` claimed."""
     kit = make_kit(clock)
@@ -231,14 +324,20 @@ async def open_world(
                 )
             ).scalar_one()
         join = await _claim(client, join_id, "worker-1")
-        yield QueryWorld(dispatcher, deployed, kit, app, client, root, locations, join)
+        yield QueryWorld(
+            dispatcher, deployed, kit, app, client, root, locations, follow, join, data
+        )
 
 
 @pytest.fixture
 async def world(
-    repo: SqlRepository, clock: ManualClock, service: SparkQueryService, tmp_path: Path
+    repo: SqlRepository,
+    clock: ManualClock,
+    service: SparkQueryService,
+    tmp_path: Path,
+    data: DataDatabase,
 ) -> AsyncIterator[QueryWorld]:
-    async with open_world(repo, clock, service, tmp_path / "objects") as opened:
+    async with open_world(repo, clock, service, tmp_path / "objects", data) as opened:
         yield opened
 
 
@@ -354,16 +453,191 @@ async def test_rows_are_limited_and_truncation_reported(world: QueryWorld) -> No
         assert refused.json()["field"] == "limit"
 
 
-async def test_a_postgres_input_or_an_empty_one_is_not_attachable(world: QueryWorld) -> None:
-    body = _refused(await world.query("SELECT * FROM alerts"), 400)
-    assert "Postgres" in body["reason"]
-    assert (await world.query("SELECT * FROM input_2")).status_code == 400
-    # Queries not referencing it still work.
+async def test_an_input_without_parquet_objects_is_not_attachable(world: QueryWorld) -> None:
     assert await world.rows("SELECT count(*) FROM txs") == [[4]]
     for part in world.path("txs").iterdir():
         part.unlink()
     body = _refused(await world.query("SELECT * FROM txs"), 400)
-    assert "no Parquet objects" in body["reason"]
+    assert body["reason"] == "view txs cannot be attached: the dataset has no Parquet objects yet"
+    # Queries not referencing it still work.
+    assert await world.rows("SELECT count(*) FROM blocks") == [[3]]
+
+
+# --- buffered Postgres-table inputs --------------------------------------------------------
+
+
+async def test_a_task_queries_its_alert_rows_filtered(world: QueryWorld) -> None:
+    await world.publish_alerts(ALERTS)
+    response = await world.query("SELECT * FROM alerts ORDER BY dedupe_key")
+    assert response.status_code == 200, response.text
+    body = response.json()
+    # Every column but org_id, typed; created_at is when the sink wrote the row.
+    assert body["columns"] == [
+        {"name": "dedupe_key", "type": "string"},
+        {"name": "rule", "type": "string"},
+        {"name": "severity", "type": "string"},
+        {"name": "block_number", "type": "bigint"},
+        {"name": "metric", "type": "string"},
+        {"name": "value", "type": "double"},
+        {"name": "threshold", "type": "double"},
+        {"name": "partition_key", "type": "string"},
+        {"name": "created_at", "type": "timestamp"},
+    ]
+    written = "2026-01-01T00:00:00.000Z"  # the ManualClock's time
+    assert body["rows"] == [
+        ["a1", "busy_block", "warning", 11, "tx_count", 2.0, 1.5, "0-99", written],
+        ["a2", "busy_block", "critical", 20, "tx_count", 5.0, 1.5, "0-99", written],
+    ]
+    # Every view name of the input, and joins with the Parquet inputs.
+    alerts = world.dataset("alerts")
+    for name in ("input_2", f"ds_{alerts.hex}", "ALERTS"):
+        assert await world.rows(f"SELECT count(*) FROM {name}") == [[2]], name
+    assert await world.rows(
+        "SELECT a.dedupe_key, b.hash FROM alerts a JOIN blocks b ON b.number = a.block_number "
+        "ORDER BY 1"
+    ) == [["a1", "h11"], ["a2", "h20"]]
+    # The filtered rows are nowhere, whatever the query asks.
+    assert await world.rows("SELECT * FROM alerts WHERE severity = 'info' OR value <= 1.5") == []
+    # A later publish is seen by the next query (nothing is cached).
+    await world.publish_alerts([alert("a6", "critical", 7.5)])
+    assert await world.rows("SELECT dedupe_key FROM alerts ORDER BY 1") == [["a1"], ["a2"], ["a6"]]
+
+
+async def test_an_org_never_sees_another_orgs_rows_in_the_same_table(world: QueryWorld) -> None:
+    other = uuid.uuid4()
+    await world.write_other_org_alerts(
+        other,
+        [
+            alert("a1", "critical", 99.0, rule=SECRET),  # the same dedupe key as ours
+            alert("b1", "warning", 99.0, rule=SECRET),
+        ],
+    )
+    # The other org's rows alone: for us the dataset has no rows yet.
+    body = _refused(await world.query("SELECT * FROM alerts"), 400)
+    assert body["reason"] == "view alerts cannot be attached: the dataset has no rows yet"
+    await world.publish_alerts(ALERTS)
+    table = table_name_of(world.locations["alerts"])
+    expected = [["a1", "busy_block"], ["a2", "busy_block"]]
+    assert await world.rows("SELECT dedupe_key, rule FROM alerts ORDER BY 1") == expected
+    by_id = f"ds_{world.dataset('alerts').hex}"
+    union = (
+        "SELECT dedupe_key, rule FROM alerts UNION {} SELECT dedupe_key, rule FROM {} ORDER BY 1"
+    )
+    assert await world.rows(union.format("", "input_2")) == expected
+    assert await world.rows(union.format("ALL", by_id)) == [
+        expected[0],
+        expected[0],
+        *expected[1:] * 2,
+    ]
+    assert await world.rows(f"SELECT count(*) FROM alerts WHERE rule = '{SECRET}'") == [[0]]
+    # org_id is not a column of the view: no query can select or filter on it.
+    for sql in (
+        f"SELECT * FROM alerts WHERE org_id = '{other}'",
+        f"SELECT * FROM alerts WHERE org_id = '{other}' OR 1 = 1",
+        "SELECT org_id FROM alerts",
+        "SELECT a.* FROM alerts a UNION SELECT a.* FROM alerts a WHERE a.org_id IS NOT NULL",
+    ):
+        assert "UNRESOLVED_COLUMN" in _refused(await world.query(sql), 400)["reason"], sql
+    # Nor can it name the table, the buffer, or any other relation of the data database.
+    for sql in (
+        f"SELECT * FROM {table}",
+        f"SELECT * FROM alerts UNION ALL SELECT * FROM {table}",
+        "SELECT * FROM trace_buffer_batches",
+        f"SELECT * FROM jdbc.`{table}`",
+    ):
+        assert _refused(await world.query(sql), 403)["error"] == "not_attached", sql
+
+
+async def test_a_table_not_written_yet_or_all_filtered_out(world: QueryWorld) -> None:
+    body = _refused(await world.query("SELECT * FROM alerts"), 400)
+    assert body["reason"] == "view alerts cannot be attached: the dataset has no rows yet"
+    assert await world.rows("SELECT count(*) FROM blocks") == [[3]]  # the others still work
+    # Rows, none of which the filter keeps: an empty view with the table's columns.
+    await world.publish_alerts([alert("i1", "info", 3.0), alert("w1", "warning", 0.5)])
+    response = await world.query("SELECT dedupe_key, created_at FROM alerts")
+    assert response.status_code == 200, response.text
+    assert response.json()["rows"] == []
+    assert response.json()["columns"][1] == {"name": "created_at", "type": "timestamp"}
+
+
+async def test_a_table_past_the_row_limit_is_refused_never_truncated(
+    world: QueryWorld, spark_provider: SparkSessionProvider, data: DataDatabase
+) -> None:
+    await world.publish_alerts(ALERTS)
+    await world.write_other_org_alerts(
+        uuid.uuid4(), [alert(f"o{i}", "warning", 2.0) for i in range(5)]
+    )
+    claims = await world.kit.verifier.verify(world.join.token)
+    views = dataset_views(claims.inputs, {world.dataset("alerts"): "alerts"})
+
+    def bounded(rows: int) -> SparkQueryService:
+        return SparkQueryService(
+            spark_provider, world.root, data=data, state=world.dispatcher.repo, max_table_rows=rows
+        )
+
+    # The filter's severity term runs in SQL: 4 of our 5 rows are loaded (all but
+    # a3), then Spark drops a4 and a5. Other orgs' rows do not count.
+    result = await bounded(4).query(claims, "SELECT count(*) FROM alerts", limit=1, views=views)
+    assert result.rows == [[2]]
+    with pytest.raises(InvalidInput) as refused:
+        await bounded(3).query(claims, "SELECT count(*) FROM alerts", limit=1, views=views)
+    assert refused.value.field == "sql"
+    assert refused.value.reason == (
+        "view alerts cannot be attached: more than 3 rows of the task's org would be loaded "
+        "(the limit per attached table is 3 rows)"
+    )
+    # A query that does not read the table is not affected.
+    assert (
+        await bounded(3).query(claims, "SELECT count(*) FROM input_1", limit=1, views=views)
+    ).rows == [[4]]
+
+
+async def test_without_a_data_database_a_table_input_is_a_clear_400(
+    world: QueryWorld, spark_provider: SparkSessionProvider
+) -> None:
+    await world.publish_alerts(ALERTS)
+    plain = SparkQueryService(spark_provider, world.root)
+    claims = await world.kit.verifier.verify(world.join.token)
+    with pytest.raises(InvalidInput) as refused:
+        await plain.query(claims, "SELECT * FROM input_2", limit=1)
+    assert refused.value.reason == (
+        "view input_2 cannot be attached: it is a Postgres-table dataset and this Query "
+        "Service has no data database"
+    )
+    assert (await plain.query(claims, "SELECT count(*) FROM input_1", limit=1)).rows == [[4]]
+
+
+async def test_a_data_database_that_is_down_is_unavailable_not_a_server_error(
+    world: QueryWorld,
+) -> None:
+    views = TableViews("postgresql://trace@127.0.0.1:1/trace", world.dispatcher.repo)
+    with pytest.raises(DatabaseUnavailable):
+        views.read("postgres_table:alerts", "org", None, field="where", check=lambda: None)
+
+
+def test_only_filter_terms_sql_evaluates_like_spark_are_pushed() -> None:
+    from sqlalchemy.dialects.postgresql.base import PGDialect
+
+    table = ALERT_SCHEMA.table("t")
+    columns: dict[str, _Column] = {
+        c.name: _column(table.c[c.name], _kind(c.name, c.type), postgres=True)
+        for c in table.columns
+        if c.name not in ("org_id", "created_at")  # created_at: a TypeDecorator, not reflected
+    }
+    predicate = parse_where(
+        "severity IN ('warning') AND value > 1.5 AND NOT (block_number BETWEEN 1 AND 5) "
+        "AND (rule = 'x' OR value > 1) AND dedupe_key IS NOT NULL AND block_number > 1.5"
+    )
+    dialect = PGDialect()  # type: ignore[no-untyped-call]
+    pushed = [
+        str(term.compile(dialect=dialect, compile_kwargs={"literal_binds": True}))
+        for term in _pushdown(predicate, columns)
+    ]
+    assert pushed == [
+        "(t.severity COLLATE \"C\") IN ('warning')",
+        "t.block_number NOT BETWEEN 1 AND 5",
+        "t.dedupe_key IS NOT NULL",
+    ]
 
 
 # --- failing closed ------------------------------------------------------------------------
@@ -533,6 +807,13 @@ def test_the_analyzed_plan_check_refuses_what_the_first_layer_would_miss(
         with pytest.raises(Exception, match="not one of the task's datasets"):
             _check_analyzed(plan, attached)
     _check_analyzed(session.sql("SELECT * FROM mine")._jdf.queryExecution().analyzed(), {"mine"})
+    # A view of rows read into Arrow (a Postgres-table input) is accepted when
+    # attached, refused otherwise, like a view of Parquet objects.
+    session.createDataFrame(pa.table({"n": [1]})).createOrReplaceTempView("rows")
+    plan = session.sql("SELECT * FROM rows JOIN mine USING (n)")._jdf.queryExecution().analyzed()
+    _check_analyzed(plan, {"rows", "mine"})
+    with pytest.raises(Exception, match="not one of the task's datasets"):
+        _check_analyzed(plan, {"mine"})
 
 
 # --- the token ---------------------------------------------------------------------------------
@@ -676,7 +957,7 @@ async def _open_repo(database_url: str) -> SqlRepository:
 
 @pytest.mark.parametrize("engine", ["sqlite"])
 def test_fuzzing_the_query_route_never_answers_a_server_error(
-    database_url: str, service: SparkQueryService, tmp_path: Path
+    database_url: str, spark_provider: SparkSessionProvider, tmp_path: Path
 ) -> None:
     """Schemathesis on ``/v1/task/query`` (tests/test_api_fuzz.py fuzzes an app
     without a query service): positive and negative cases, with the join
@@ -694,6 +975,7 @@ def test_fuzzing_the_query_route_never_answers_a_server_error(
     with start_blocking_portal() as portal:
         repo = portal.call(_open_repo, database_url)
         try:
+            service = SparkQueryService(spark_provider, tmp_path / "objects")
             opened = open_world(repo, ManualClock(), service, tmp_path / "objects")
             with portal.wrap_async_context_manager(opened) as world:
                 schema = schemathesis.openapi.from_asgi("/openapi.json", world.app)

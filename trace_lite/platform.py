@@ -176,8 +176,8 @@ class TraceLite:
 
     @property
     def query(self) -> SparkQueryService:
-        """The query service over this platform's object store, for
-        ``create_app(query=...)`` when serving the HTTP API (classic Spark only)."""
+        """The query service over this platform's object store and data database,
+        for ``create_app(query=...)`` when serving the HTTP API (classic Spark only)."""
         query = self._started().query
         if query is None:
             raise ConfigurationError(
@@ -255,7 +255,9 @@ class TraceLite:
             await stack.aclose()
             raise
         # The query service inspects plans in classic sessions only (not Spark Connect).
-        query = None if spark.config.remote else SparkQueryService(spark, store)
+        query = (
+            None if spark.config.remote else SparkQueryService(spark, store, data=data, state=repo)
+        )
         self._parts = _Parts(store, buffer, sink, data, spark, LocalKeyEncryption(kek), query)
         self._stack, self._group, self._dispatcher = stack, group, dispatcher
         log.info("trace-lite started: state %s, data dir %s", repo.url.render(), data_dir)

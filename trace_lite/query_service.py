@@ -35,15 +35,37 @@ closed:
    global temporary view or any other leaf relation — say, a name a ``WITH``
    defines only in an inner scope, referenced outside it — is a 403.
 
-Only the views the query references are attached. A view reads the Parquet
-objects under its input's S3 prefix (``*.parquet`` files at any depth, as
-the lite store maps ``s3://bucket/key`` to ``<root>/bucket/key``; names
-starting with ``.`` or ``_``, symbolic links and anything else are not
-objects), passed to Spark as explicit files (never globs), filtered by the
-input's ``where`` (:func:`~trace_lite.pipeline.predicate.parse_where`): the
-query never sees the rows the filter drops. A Postgres-table input, or an S3
-input without Parquet objects yet, cannot be attached: a query referencing
-it is a 400.
+Only the views the query references are attached, each filtered by its
+input's ``where`` (:func:`~trace_lite.pipeline.predicate.parse_where`,
+applied in Spark): the query never sees the rows the filter drops.
+
+* An **S3 input**'s view reads the Parquet objects under its prefix
+  (``*.parquet`` files at any depth, as the lite store maps
+  ``s3://bucket/key`` to ``<root>/bucket/key``; names starting with ``.`` or
+  ``_``, symbolic links and anything else are not objects), passed to Spark
+  as explicit files (never globs). Without objects yet it cannot be
+  attached: a query referencing it is a 400.
+* A **buffered Postgres-table input** (``postgres_table:<table>``, written by
+  the sink of :mod:`trace_lite.buffered` into the data database) is read by
+  :class:`~trace_lite.query_tables.TableViews`: a fixed SQLAlchemy ``SELECT``
+  of the rows whose ``org_id`` is the querying task's org (its job's, found
+  in the state database by the verified token's ``task_id``; never anything
+  the request says), into Arrow, then a DataFrame. The view's columns are
+  the table's columns but ``org_id`` (hidden: the view holds one org's rows,
+  so no query can select or filter on it); ``dedupe_key`` (the producer's
+  record key) and ``created_at`` (when the sink wrote the row, UTC) are
+  shown. The ``where`` terms SQL evaluates exactly as Spark are also pushed
+  into the ``SELECT`` (see that module), so fewer rows are loaded; more than
+  ``max_table_rows`` loaded rows is a 400 naming the view and the limit,
+  never a truncated view. A table not written yet, or holding no row of the
+  org, is a 400 like an S3 input without objects (the same answer whether
+  or not another org has rows); rows the filter drops all give an empty
+  view. Without a data database (``data``/``state`` not given), such an
+  input cannot be attached: a 400.
+
+The data database is never reachable from the query itself: the rows are
+handed to Spark as data (Arrow) inside the view, and layers 1 and 3 keep
+refusing any other name (the table's own, the buffer's, ``jdbc.`...```).
 
 Results: at most ``limit`` rows (``truncated`` when more exist, or when the
 rendered rows exceed ``max_result_bytes``), each rendered by Spark's
@@ -83,8 +105,11 @@ from trace_core.api.query import (
 )
 from trace_core.errors import ConfigurationError, InvalidInput
 from trace_core.security.claims import CapabilityClaims, DatasetInput
+from trace_core.storage.sql import SqlRepository
+from trace_lite.buffered import DataDatabase
 from trace_lite.object_store import LocalObjectStore
 from trace_lite.pipeline.predicate import parse_where
+from trace_lite.query_tables import DEFAULT_MAX_TABLE_ROWS, TableViews
 from trace_lite.spark import SparkSessionProvider
 
 if TYPE_CHECKING:
@@ -244,8 +269,12 @@ class SparkQueryService:
     """The Query Service on Spark (see the module docstring).
 
     ``store`` is the lite object store (or its root directory) holding the
-    datasets' Parquet objects. ``max_concurrent`` queries run at once (each
-    in a worker thread), the others wait their turn within their timeout.
+    datasets' Parquet objects. ``data`` (the data database, or its URL) and
+    ``state`` (the state database, where a task's org is found) attach
+    Postgres-table datasets, at most ``max_table_rows`` rows each; without
+    them such an input cannot be attached. ``max_concurrent`` queries run at
+    once (each in a worker thread), the others wait their turn within their
+    timeout.
     """
 
     def __init__(
@@ -253,6 +282,9 @@ class SparkQueryService:
         spark: SparkSessionProvider,
         store: LocalObjectStore | str | os.PathLike[str],
         *,
+        data: DataDatabase | str | None = None,
+        state: SqlRepository | None = None,
+        max_table_rows: int = DEFAULT_MAX_TABLE_ROWS,
         timeout_seconds: float = 60.0,
         max_concurrent: int = 4,
         max_result_bytes: int = 8 << 20,
@@ -274,8 +306,18 @@ class SparkQueryService:
                 "SparkQueryService: the object store root must not contain any of {}[]*?\\ "
                 "(Spark would read them as a glob)"
             )
+        if (data is None) != (state is None):
+            raise ConfigurationError(
+                "SparkQueryService: give both the data database and the state repository "
+                "(to attach Postgres-table datasets), or neither"
+            )
         self._spark = spark
         self._root = root
+        self._tables = (
+            None
+            if data is None or state is None
+            else TableViews(data, state, max_rows=max_table_rows)
+        )
         self.timeout_seconds = timeout_seconds
         self.max_concurrent = max_concurrent
         self.max_result_bytes = max_result_bytes
@@ -308,6 +350,12 @@ class SparkQueryService:
                 # Only a caller's bug gets here; never attach what the token lacks.
                 raise NotAttached(f"view {name!r} is not an input of the capability token")
             attachable[name.lower()] = item
+        # The org whose rows Postgres-table views hold: the verified token's task's.
+        org = None
+        if self._tables is not None and any(
+            item.postgres_table is not None for item in attachable.values()
+        ):
+            org = await self._tables.org_of(claims.task_id)
         if self._limiter is None:
             self._limiter = anyio.CapacityLimiter(self.max_concurrent)
         running = _Running()
@@ -317,6 +365,7 @@ class SparkQueryService:
                     self._run,
                     running,
                     attachable,
+                    org,
                     sql,
                     limit,
                     limiter=self._limiter,
@@ -336,7 +385,12 @@ class SparkQueryService:
     # --- in the worker thread ---------------------------------------------------------
 
     def _run(
-        self, running: _Running, views: Mapping[str, DatasetInput], sql: str, limit: int
+        self,
+        running: _Running,
+        views: Mapping[str, DatasetInput],
+        org: str | None,
+        sql: str,
+        limit: int,
     ) -> QueryResult:
         try:
             base = self._spark.get()
@@ -350,7 +404,7 @@ class SparkQueryService:
             # thread's active session: make it this one, and restore it after.
             sessions.setActiveSession(session._jsparkSession)
             try:
-                return self._query(session, running, views, sql, limit)
+                return self._query(session, running, views, org, sql, limit)
             finally:
                 if previous.isDefined():
                     sessions.setActiveSession(previous.get())
@@ -366,6 +420,7 @@ class SparkQueryService:
         session: SparkSession,
         running: _Running,
         views: Mapping[str, DatasetInput],
+        org: str | None,
         sql: str,
         limit: int,
     ) -> QueryResult:
@@ -386,7 +441,7 @@ class SparkQueryService:
         )
         for name in sorted(referenced):
             running.check()
-            self._attach(session, name, views[name])
+            self._attach(session, running, name, views[name], org)
         running.check()
         try:
             dataset = getattr(session._jvm, "org.apache.spark.sql.classic.Dataset")
@@ -444,34 +499,33 @@ class SparkQueryService:
             self._plans[class_name] = known
         return known
 
-    def _attach(self, session: SparkSession, name: str, item: DatasetInput) -> None:
-        from pyspark.sql.types import StructType
-
+    def _attach(
+        self,
+        session: SparkSession,
+        running: _Running,
+        name: str,
+        item: DatasetInput,
+        org: str | None,
+    ) -> None:
+        """Attach ``item`` as the temporary view ``name``, filtered by its ``where``."""
         spark_errors = _spark_errors()
-        if item.postgres_table is not None:
-            raise InvalidInput(
-                "sql",
-                f"view {name} is a Postgres-table dataset; this Query Service attaches "
-                "Parquet datasets in the object store only",
-            )
-        files = self._parquet_files(name, item)
-        first = Path(files[0].removeprefix("file:")).stat()
-        key = (item.location, files[0], first.st_size, first.st_mtime_ns)
+        field = f"view {name} filter"
         try:
-            known = self._schemas.get(key)
-            if known is None:
-                frame = session.read.parquet(*files)
-                if len(self._schemas) >= _SCHEMA_CACHE:
-                    self._schemas.clear()
-                self._schemas[key] = frame.schema.json()
+            predicate = None if item.where is None else parse_where(item.where, field=field)
+            if item.postgres_table is None:
+                frame = self._parquet_frame(session, item)
+            elif self._tables is None or org is None:
+                raise InvalidInput(
+                    "sql",
+                    "it is a Postgres-table dataset and this Query Service has no data database",
+                )
             else:
-                # Inferring a schema runs a Spark job: reuse what the same first
-                # object gave (Spark infers from one object unless merging schemas).
-                schema = StructType.fromJson(json.loads(known))
-                frame = session.read.schema(schema).parquet(*files)
-            if item.where is not None:
-                predicate = parse_where(item.where, field=f"view {name} filter")
-                predicate.check_columns(frame.columns, field=f"view {name} filter")
+                rows = self._tables.read(
+                    item.location, org, predicate, field=field, check=running.check
+                )
+                frame = session.createDataFrame(rows)
+            if predicate is not None:
+                predicate.check_columns(frame.columns, field=field)
                 frame = frame.where(predicate.sql)
             frame.select(*[_quoted(column) for column in frame.columns]).createOrReplaceTempView(
                 name
@@ -483,18 +537,35 @@ class SparkQueryService:
                 "sql", f"view {name} cannot be attached: {self._message(exc)}"
             ) from None
 
-    def _parquet_files(self, name: str, item: DatasetInput) -> list[str]:
+    def _parquet_frame(self, session: SparkSession, item: DatasetInput) -> DataFrame:
+        """The DataFrame of an S3 input's Parquet objects."""
+        from pyspark.sql.types import StructType
+
+        files = self._parquet_files(item)
+        first = Path(files[0].removeprefix("file:")).stat()
+        key = (item.location, files[0], first.st_size, first.st_mtime_ns)
+        known = self._schemas.get(key)
+        if known is None:
+            frame = session.read.parquet(*files)
+            if len(self._schemas) >= _SCHEMA_CACHE:
+                self._schemas.clear()
+            self._schemas[key] = frame.schema.json()
+            return frame
+        # Inferring a schema runs a Spark job: reuse what the same first
+        # object gave (Spark infers from one object unless merging schemas).
+        schema = StructType.fromJson(json.loads(known))
+        return session.read.schema(schema).parquet(*files)
+
+    def _parquet_files(self, item: DatasetInput) -> list[str]:
         """The input's Parquet objects as ``file:`` paths (never globs)."""
         prefix = item.s3_prefix
         assert prefix is not None
         directory = self._root / prefix.bucket / prefix.prefix
-        missing = InvalidInput(
-            "sql", f"view {name} cannot be attached: the dataset has no Parquet objects yet"
-        )
+        missing = InvalidInput("sql", "the dataset has no Parquet objects yet")
         if not directory.is_dir():
             raise missing
         if not directory.resolve().is_relative_to(self._root.resolve()):
-            raise InvalidInput("sql", f"view {name} cannot be attached: not in the object store")
+            raise InvalidInput("sql", "not in the object store")
         files = []
         for folder, subfolders, names in os.walk(directory):
             subfolders[:] = sorted(d for d in subfolders if not d.startswith((".", "_")))
@@ -510,8 +581,7 @@ class SparkQueryService:
                 if _GLOB.search(str(path)):
                     raise InvalidInput(
                         "sql",
-                        f"view {name} cannot be attached: an object key holds one of "
-                        "{}[]*?\\ (Spark would read it as a glob)",
+                        "an object key holds one of {}[]*?\\ (Spark would read it as a glob)",
                     )
                 files.append(f"file:{path}")
         if not files:
