@@ -12,7 +12,10 @@ id) -> ``POST /internal/heartbeat`` -> ``POST /internal/task-complete``. The
 clock runs from a shared start signal to the last completion.
 
 One JSON object per run on stdout (``bench, engine, workers, tasks, seconds,
-round_trips_per_s`` = triples per second, ``p50_ms``/``p99_ms`` per triple),
+round_trips_per_s`` = triples per second, ``p50_ms``/``p99_ms`` per triple,
+``server_cpu_ms_per_triple`` = CPU of the ``serve`` process over the timed
+part divided by the triples, ``postgres_cpu_ms_per_triple`` likewise for a
+local Postgres server, and the 1-minute ``load_average`` before the run),
 then a summary with medians when ``--runs`` > 1; logs go to stderr. Without
 ``--db`` Postgres runs on a throwaway cluster, SQLite on temporary files.
 """
@@ -40,8 +43,10 @@ from benchmarks._common import (
     configure_logging,
     count_tasks,
     emit,
+    load_average,
     log,
     percentile,
+    server_cpu_s,
     summarize,
 )
 
@@ -50,7 +55,14 @@ __all__ = ["main"]
 TOKEN = "benchmark-api-token-0123456789abcdef"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 OPERATORS_REF = "benchmarks.api:OPERATORS_FACTORY"
-_KEYS = ("seconds", "round_trips_per_s", "p50_ms", "p99_ms")
+_KEYS = (
+    "seconds",
+    "round_trips_per_s",
+    "p50_ms",
+    "p99_ms",
+    "server_cpu_ms_per_triple",
+    "postgres_cpu_ms_per_triple",
+)
 DAG = """
 dag: bench
 jobs:
@@ -137,6 +149,13 @@ def _start_server(url: str, data_dir: Path, log_file: Path) -> tuple[subprocess.
         time.sleep(0.05)
 
 
+def _process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of one live process (``/proc/<pid>/stat``)."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 async def _create_tasks(base: str, count: int) -> list[str]:
     import httpx
 
@@ -216,6 +235,9 @@ def _run(args: argparse.Namespace, dbs: Databases, run: int, scratch: Path) -> d
         for worker in workers:
             worker.start()
         time.sleep(0.5)  # let the interpreters start: setup, not synchronization of results
+        load = load_average()
+        cpu_before = _process_cpu_s(server.pid)
+        pg_before = server_cpu_s(dbs.postmaster) if dbs.postmaster else 0.0
         began = time.perf_counter()
         start.set()
         timings: list[float] = []
@@ -226,6 +248,8 @@ def _run(args: argparse.Namespace, dbs: Databases, run: int, scratch: Path) -> d
             if error:
                 errors.append(error)
         seconds = time.perf_counter() - began
+        server_cpu = _process_cpu_s(server.pid) - cpu_before
+        pg_cpu = server_cpu_s(dbs.postmaster) - pg_before if dbs.postmaster else None
         for worker in workers:
             worker.join(timeout=60)
     finally:
@@ -245,6 +269,11 @@ def _run(args: argparse.Namespace, dbs: Databases, run: int, scratch: Path) -> d
         "round_trips_per_s": round(len(timings) / seconds, 1),
         "p50_ms": round(percentile(ms, 50), 2),
         "p99_ms": round(percentile(ms, 99), 2),
+        "server_cpu_ms_per_triple": round(server_cpu * 1000 / max(len(timings), 1), 2),
+        "postgres_cpu_ms_per_triple": (
+            None if pg_cpu is None else round(pg_cpu * 1000 / max(len(timings), 1), 2)
+        ),
+        "load_average": load,
         "verified": statuses == {"Completed": args.tasks},
     }
     emit(row)

@@ -221,10 +221,14 @@ class FlakyClient:
         return await self.inner.fetch(task_id)
 
     async def heartbeat(
-        self, task_id: uuid.UUID, attempt: int, lease_token: uuid.UUID
+        self,
+        task_id: uuid.UUID,
+        attempt: int,
+        lease_token: uuid.UUID,
+        capability_token: str | None = None,
     ) -> HeartbeatResult:
         self._maybe_fail("heartbeat")
-        return await self.inner.heartbeat(task_id, attempt, lease_token)
+        return await self.inner.heartbeat(task_id, attempt, lease_token, capability_token)
 
     async def emit(
         self, task_id: uuid.UUID, attempt: int, events: Sequence[DatasetEvent]
@@ -396,7 +400,7 @@ async def test_not_claimed_is_skipped_without_running_the_operator(platform: Pla
 async def test_a_task_canceled_after_the_claim_is_reported_not_run(platform: Platform) -> None:
     tasks = platform.dispatcher.tasks
 
-    async def claim_then_cancel(task_id: uuid.UUID, worker_id: str) -> ClaimOutcome:
+    async def claim_then_cancel(task_id: uuid.UUID, worker_id: str, **_: Any) -> ClaimOutcome:
         """A rollback that lands between the claim and the payload read."""
         outcome = await tasks.claim(task_id, worker_id)
         await tasks.cancel([task_id])
@@ -776,6 +780,7 @@ def test_the_worker_package_exports_what_we_mean() -> None:
         "CredentialSource",
         "HeartbeatResult",
         "HttpControlPlaneClient",
+        "HttpCredentialSource",
         "InProcessClient",
         "OperatorError",
         "OperatorResult",

@@ -43,12 +43,17 @@ CREDENTIAL_SECONDS = 3600
 def capability_issuer(
     ring: KeyRing, repo: Repository, clock: Clock, storage_root: str
 ) -> CapabilityIssuer:
-    """Signs each claimed attempt's token; scratch under ``<root>{org}/scratch/``."""
+    """Signs each claimed attempt's token; scratch under ``<root>{org}/scratch/``.
+
+    It verifies the tokens heartbeats present for renewal against the same
+    ring (:meth:`~trace_core.dispatcher.capabilities.CapabilityIssuer.refresh`).
+    """
     root = storage_root if storage_root.endswith("/") else storage_root + "/"
     return CapabilityIssuer(
         TokenIssuer(ring, TOKEN_ISSUER, TOKEN_AUDIENCE, TOKEN_TTL_SECONDS, clock),
         repo=repo,
         scratch_template=root + "{org}/scratch/{task_id}/{attempt}/",
+        verifier=token_verifier(ring, clock),
     )
 
 

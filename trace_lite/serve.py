@@ -26,6 +26,11 @@ Data: ``/v1/task/buffer-publish`` appends to the buffer in the data database
 runs beside the server; ``/v1/task/query`` runs Spark SQL over the datasets
 of the caller's token, in the object store under ``<data dir>/objects``
 (Spark starts on the first query).
+
+Serving: the state-database pool keeps enough connections for concurrent
+requests beside the Dispatcher's services (an overflow connection is opened
+and closed per use, a new Postgres backend each time), and uvicorn's access
+log (a line per request) is on only at ``--log-level debug``.
 """
 
 from __future__ import annotations
@@ -69,6 +74,7 @@ __all__ = [
 TOKEN_ENV = "TRACE_INTERNAL_TOKEN"
 _MAX_TOKEN_FILE = 4096
 _MINTER_KEY_FILE = "credentials.key"
+_POOL = 16  # state-database connections kept open: requests plus the services' loops
 
 
 @dataclass(frozen=True)
@@ -201,6 +207,7 @@ async def _serve(
     from trace_core.api import create_app
     from trace_core.dispatcher.service import Dispatcher, DispatcherConfig
     from trace_core.security import LocalCredentialMinter
+    from trace_core.storage.engine import EngineSettings
     from trace_core.storage.sql import SqlRepository
     from trace_lite.buffered import BufferSink, DataDatabase, SqlDatasetBuffer
     from trace_lite.pipeline.operators import ALERT_SCHEMA
@@ -208,7 +215,7 @@ async def _serve(
     from trace_lite.spark import SparkSessionProvider
 
     clock = SystemClock()
-    repo = SqlRepository(config.database_url)
+    repo = SqlRepository(config.database_url, EngineSettings(pool_size=_POOL))
     data = DataDatabase(config.data_url)
     # Started on the first query only: a server without queries never pays for a JVM.
     spark = SparkSessionProvider()
@@ -226,7 +233,9 @@ async def _serve(
             verifier=token_verifier(ring, clock),
             minter=LocalCredentialMinter(minter_key, clock=clock),
             buffer=SqlDatasetBuffer(data, clock=clock),
-            query=SparkQueryService(spark, Path(config.data_dir) / "objects"),
+            query=SparkQueryService(
+                spark, Path(config.data_dir) / "objects", data=data, state=repo
+            ),
         )
         server = uvicorn.Server(
             uvicorn.Config(
@@ -234,6 +243,7 @@ async def _serve(
                 host=config.host,
                 port=config.port,
                 log_level=config.log_level,
+                access_log=config.log_level == "debug",
                 lifespan="on",
                 server_header=False,
             )

@@ -168,10 +168,14 @@ class PreclaimedClient:
         return await self.inner.fetch(task_id)
 
     async def heartbeat(
-        self, task_id: uuid.UUID, attempt: int, lease_token: uuid.UUID
+        self,
+        task_id: uuid.UUID,
+        attempt: int,
+        lease_token: uuid.UUID,
+        capability_token: str | None = None,
     ) -> HeartbeatResult:
         """See :meth:`ControlPlaneClient.heartbeat`."""
-        return await self.inner.heartbeat(task_id, attempt, lease_token)
+        return await self.inner.heartbeat(task_id, attempt, lease_token, capability_token)
 
     async def emit(
         self, task_id: uuid.UUID, attempt: int, events: Sequence[DatasetEvent]

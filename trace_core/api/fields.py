@@ -17,10 +17,13 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
+from trace_core.security.tokens import DEFAULT_MAX_TOKEN_BYTES
+
 __all__ = [
     "MAX_EVENTS",
     "MAX_WAIT_MS",
     "Attempt",
+    "CapabilityToken",
     "JsonObject",
     "LongText",
     "Name",
@@ -117,6 +120,10 @@ JsonObject = Annotated[dict[str, Any], AfterValidator(_json_object)]
 """Free-form JSON object, checked for what the state database cannot store."""
 StrictBool = Annotated[bool, Field(strict=True)]
 """A JSON boolean (no ``1``/``"true"``)."""
+CapabilityToken = Annotated[
+    str, Field(min_length=1, max_length=DEFAULT_MAX_TOKEN_BYTES, pattern=r"^[A-Za-z0-9_.-]+$")
+]
+"""A compact JWS (checked in full by the verifier; only its shape here)."""
 
 
 class Request(BaseModel):

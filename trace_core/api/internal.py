@@ -15,6 +15,12 @@ route                              answer                                 errors
 =================================  =====================================  ==============
 
 Every route also answers 401 (token), 413 (body cap) and 503 (database).
+
+A heartbeat that presents the attempt's capability token gets a renewed one
+(``capability_token``) once the presented one has less than the issuer's
+refresh fraction of its lifetime left; the renewal happens only after the
+fenced lease extension succeeded, so a stale attempt gets its 409 and nothing
+else.
 The handlers only translate: the semantics live in
 :class:`~trace_core.dispatcher.control.TaskControl` and
 :mod:`trace_core.api.reports`.
@@ -42,6 +48,7 @@ from trace_core.api.models import (
     TaskClaimResponse,
     TaskCompleteRequest,
     TaskCompleteResponse,
+    TaskHeartbeatRequest,
     TaskNotClaimed,
 )
 from trace_core.api.reports import complete_attempt, fail_attempt
@@ -49,6 +56,7 @@ from trace_core.dispatcher.events import DatasetEvent, parse_events
 from trace_core.dispatcher.service import Dispatcher
 from trace_core.errors import InvalidInput
 from trace_core.model import Fence
+from trace_core.security.claims import CapabilityClaims
 
 __all__ = [
     "emit_task_events",
@@ -144,14 +152,32 @@ def internal_router(
     return router
 
 
-async def heartbeat_task(dispatcher: Dispatcher, request: HeartbeatRequest) -> HeartbeatResponse:
-    """Extend the attempt's lease (:class:`StaleClaim` if it is not current) and
-    say what a source should do."""
+async def heartbeat_task(
+    dispatcher: Dispatcher,
+    request: TaskHeartbeatRequest,
+    *,
+    claims: CapabilityClaims | None = None,
+) -> HeartbeatResponse:
+    """Extend the attempt's lease (:class:`StaleClaim` if it is not current), say
+    what a source should do and renew the attempt's capability token when due:
+    the one the request presents (``capability_token``), or ``claims`` verified
+    already (a task-scoped call's header)."""
     control = dispatcher.control
     fence = Fence(request.task_id, request.attempt, request.lease_token)
     expires = await control.heartbeat(fence)
     directive = await control.directive(request.task_id)
-    return HeartbeatResponse(ok=True, lease_expires_at=expires, directive=directive)
+    # Only now, with the fence passed: the caller holds the current lease.
+    if claims is not None:
+        renewed = await control.renew_capability(claims)
+    elif isinstance(request, HeartbeatRequest) and request.capability_token:
+        renewed = await control.refresh_capability(
+            request.task_id, request.attempt, request.capability_token
+        )
+    else:
+        renewed = None
+    return HeartbeatResponse(
+        ok=True, lease_expires_at=expires, directive=directive, capability_token=renewed
+    )
 
 
 async def report_task(dispatcher: Dispatcher, request: TaskCompleteRequest) -> TaskCompleteResponse:

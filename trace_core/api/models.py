@@ -11,6 +11,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 from trace_core.api.fields import (
     MAX_EVENTS,
     Attempt,
+    CapabilityToken,
     JsonObject,
     LongText,
     Name,
@@ -37,6 +38,7 @@ __all__ = [
     "TaskClaimed",
     "TaskCompleteRequest",
     "TaskCompleteResponse",
+    "TaskHeartbeatRequest",
     "TaskNotClaimed",
     "TriggerRequest",
     "TriggerResponse",
@@ -124,20 +126,39 @@ class TaskNotClaimed(BaseModel):
 TaskClaimResponse = Annotated[TaskClaimed | TaskNotClaimed, Field(discriminator="status")]
 
 
-class HeartbeatRequest(Request):
-    """``POST /internal/heartbeat``."""
+class TaskHeartbeatRequest(Request):
+    """``POST /v1/task/heartbeat`` (the capability token is the request's header)."""
 
     task_id: uuid.UUID
     attempt: Attempt
     lease_token: uuid.UUID
 
 
+class HeartbeatRequest(TaskHeartbeatRequest):
+    """``POST /internal/heartbeat``."""
+
+    capability_token: CapabilityToken | None = Field(
+        default=None,
+        description="The attempt's current capability token, if it has one: when less than "
+        "the server's refresh fraction (a third by default) of its lifetime is left, the "
+        "answer carries a renewed one. Never logged.",
+    )
+
+
 class HeartbeatResponse(BaseModel):
-    """The extended lease, and what a source should do (``run``/``pause``/``stop``)."""
+    """The extended lease, what a source should do (``run``/``pause``/``stop``)
+    and, when the attempt's capability token was due, its renewal."""
 
     ok: bool
     lease_expires_at: datetime
     directive: str
+    capability_token: str | None = Field(
+        default=None,
+        description="A renewed capability token for the same task attempt and the same "
+        "grants (new jti, iat, nbf and exp), issued when the presented token had less than "
+        "the refresh fraction of its lifetime left; null otherwise. Replace the old token "
+        "with it, and mint new scoped credentials from it.",
+    )
 
 
 class TaskCompleteRequest(Request):

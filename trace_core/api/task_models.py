@@ -1,7 +1,8 @@
 """Bodies of the task-scoped endpoints (``/v1/task/*``) that the internal ones lack.
 
-Heartbeat, complete and events take the very bodies of their
-``/internal`` twins (:mod:`trace_core.api.models`).
+Complete and events take the very bodies of their ``/internal`` twins,
+heartbeat the internal body without ``capability_token`` (the header carries
+it); all in :mod:`trace_core.api.models`.
 """
 
 from __future__ import annotations

@@ -8,7 +8,8 @@ not accepted here.
 ==================================  ===================================  ================
 route                               answer                               errors
 ==================================  ===================================  ================
-``POST /v1/task/heartbeat``         as ``/internal/heartbeat``           400, 404, 409
+``POST /v1/task/heartbeat``         as ``/internal/heartbeat`` (the      400, 404, 409
+                                    header's token is the one renewed)
 ``POST /v1/task/complete``          as ``/internal/task-complete``       400, 404, 409
 ``POST /v1/task/events``            as ``/internal/events``              400, 404, 409
 ``POST /v1/task/buffer-publish``    200 ``{ok, dataset_uuid, records}``  400, 403, 404,
@@ -48,10 +49,10 @@ from trace_core.api.models import (
     ErrorBody,
     EventsRequest,
     EventsResponse,
-    HeartbeatRequest,
     HeartbeatResponse,
     TaskCompleteRequest,
     TaskCompleteResponse,
+    TaskHeartbeatRequest,
 )
 from trace_core.api.task_models import (
     BufferPublishRequest,
@@ -146,10 +147,11 @@ def task_router(
         return found
 
     @router.post("/heartbeat")
-    async def heartbeat(request: HeartbeatRequest, claims: TaskCapability) -> HeartbeatResponse:
-        """Extend the attempt's lease (as ``/internal/heartbeat``)."""
+    async def heartbeat(request: TaskHeartbeatRequest, claims: TaskCapability) -> HeartbeatResponse:
+        """Extend the attempt's lease (as ``/internal/heartbeat``); the answer's
+        ``capability_token`` renews the header's token once it is due."""
         await current(claims, request.task_id, request.attempt)
-        return await heartbeat_task(dispatcher, request)
+        return await heartbeat_task(dispatcher, request, claims=claims)
 
     @router.post("/complete")
     async def complete(

@@ -23,10 +23,17 @@ A payload the token cannot describe (an input whose version row is gone, a
 location that is not a canonical S3 prefix or a table, a token over the
 size limit) raises :class:`~trace_core.errors.InvalidInput`: issuing again
 would fail again.
+
+Refresh. Tokens expire (their TTL), attempts may hold their lease far
+longer (an always-on source). :meth:`CapabilityIssuer.renew_if_due` re-signs
+a verified token's grants unchanged, with a fresh ``jti``/``iat``/``nbf``/``exp``,
+once less than ``refresh_fraction`` of its lifetime is left; the caller is
+the attempt's fenced heartbeat, so only the current lease holder gets one.
 """
 
 from __future__ import annotations
 
+import logging
 import string
 import uuid
 from collections.abc import Mapping, Sequence
@@ -35,18 +42,35 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from trace_core.dispatcher.bounded import BoundedMemo
 from trace_core.errors import ConfigurationError, InvalidInput, NotFound
-from trace_core.security.claims import POSTGRES_TABLE_SCHEME, DatasetInput
+from trace_core.security.claims import (
+    POSTGRES_TABLE_SCHEME,
+    CapabilityClaims,
+    DatasetInput,
+    InvalidCapability,
+)
 from trace_core.security.scopes import S3Prefix
 from trace_core.security.tokens import TokenIssuer
+from trace_core.security.verifier import TokenVerifier
 from trace_core.storage import schema
 from trace_core.storage.protocol import Repository
 from trace_core.storage.sql import as_sql
 
-__all__ = ["DEFAULT_SCRATCH_TEMPLATE", "CapabilityGrants", "CapabilityIssuer"]
+__all__ = [
+    "DEFAULT_REFRESH_FRACTION",
+    "DEFAULT_SCRATCH_TEMPLATE",
+    "CapabilityGrants",
+    "CapabilityIssuer",
+]
+
+log = logging.getLogger(__name__)
 
 DEFAULT_SCRATCH_TEMPLATE = "s3://trace-lite/{org}/scratch/{task_id}/{attempt}/"
 """Where an attempt's scratch prefix lives by default (the lite profile's bucket)."""
+
+DEFAULT_REFRESH_FRACTION = 1 / 3
+"""A token is renewed once less than this fraction of its lifetime is left."""
 
 _FIELDS = frozenset({"org", "task_id", "attempt"})
 _ORG_CACHE = 4096  # jobs; a job's org never changes, so entries never go stale
@@ -87,6 +111,9 @@ class CapabilityIssuer:
     task's org slug, read from ``repo`` once per job), ``{task_id}`` and
     ``{attempt}``; the last two are required, and the result must be a
     canonical ``s3://bucket/prefix/``. A template with ``{org}`` needs ``repo``.
+
+    ``verifier`` checks the tokens presented for renewal (:meth:`refresh`);
+    without one, only already-verified claims are renewed (:meth:`renew_if_due`).
     """
 
     def __init__(
@@ -95,7 +122,11 @@ class CapabilityIssuer:
         *,
         repo: Repository | None = None,
         scratch_template: str = DEFAULT_SCRATCH_TEMPLATE,
+        verifier: TokenVerifier | None = None,
+        refresh_fraction: float = DEFAULT_REFRESH_FRACTION,
     ) -> None:
+        if not 0 < refresh_fraction < 1:
+            raise ConfigurationError("CapabilityIssuer.refresh_fraction must be within (0, 1)")
         fields = _template_fields(scratch_template)
         if not fields <= _FIELDS or not {"task_id", "attempt"} <= fields:
             raise ConfigurationError(
@@ -113,7 +144,9 @@ class CapabilityIssuer:
         self._repo = repo
         self._template = scratch_template
         self._uses_org = "org" in fields
-        self._orgs: dict[uuid.UUID, str] = {}
+        self._orgs: BoundedMemo[uuid.UUID, str] = BoundedMemo(_ORG_CACHE)
+        self._verifier = verifier
+        self._refresh_fraction = refresh_fraction
 
     async def issue_for(self, payload: Mapping[str, Any]) -> str:
         """The signed token of the payload's ``(task_id, attempt)``.
@@ -160,10 +193,36 @@ class CapabilityIssuer:
             ).scalar_one_or_none()
         if found is None:
             raise NotFound(f"job {job_id} of the claimed task does not exist")
-        if len(self._orgs) >= _ORG_CACHE:
-            self._orgs.clear()
-        self._orgs[job_id] = found
-        return str(found)
+        return self._orgs.put(job_id, str(found))
+
+    def due(self, claims: CapabilityClaims) -> bool:
+        """Whether less than ``refresh_fraction`` of the token's lifetime is left."""
+        now = self._tokens.clock.now().timestamp()
+        lifetime = claims.exp - claims.iat
+        return claims.exp - now < self._refresh_fraction * lifetime
+
+    async def renew_if_due(self, claims: CapabilityClaims) -> str | None:
+        """A renewed token for verified ``claims`` when :meth:`due`; else ``None``.
+
+        The caller must have fenced the attempt (its heartbeat succeeded)."""
+        if not self.due(claims):
+            return None
+        return await self._tokens.renew(claims)
+
+    async def refresh(self, token: str, task_id: uuid.UUID, attempt: int) -> str | None:
+        """:meth:`renew_if_due` for a presented ``token`` of ``(task_id, attempt)``,
+        verified first; ``None`` without a verifier or when it does not verify
+        (an expired token cannot be renewed)."""
+        if self._verifier is None:
+            return None
+        try:
+            claims = await self._verifier.verify_for_task(token, task_id, attempt)
+        except InvalidCapability as exc:
+            log.info(
+                "task %s attempt %d: capability not renewed (%s)", task_id, attempt, exc.reason
+            )
+            return None
+        return await self.renew_if_due(claims)
 
 
 def _uuid(value: object, field: str) -> uuid.UUID:

@@ -23,7 +23,11 @@ Every claim of tasks that may belong to a limited job must go through this
 gate (the task-claim endpoint and poll-driven workers); a plain
 :meth:`TaskQueue.claim` does not look at limits. Jobs without a limit take the
 plain path: one read of the task's job (its limits are cached: ``jobs`` rows
-are immutable within a DAG version) and the claim itself.
+are immutable within a DAG version) and the claim itself; a caller that read
+the task's job already (:meth:`TaskControl.claim <trace_core.dispatcher.control.TaskControl.claim>`)
+passes it, and the claim is then a single statement without a transaction.
+Which job a task belongs to never changes either: the gate remembers it from
+the claim, so releasing a slot of a job without a limit reads nothing.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from trace_core.dispatcher import journal
+from trace_core.dispatcher.bounded import BoundedMemo
 from trace_core.dispatcher.job_states import by_job_id, ensure_job_states, lock_job_states
 from trace_core.errors import ConfigurationError
 from trace_core.model import TASKS, ClaimOutcome, Lease, NotClaimedReason
@@ -54,6 +59,8 @@ __all__ = [
     "count_in_flight_by_operator",
     "count_running",
 ]
+
+_TASK_JOBS = 65_536  # tasks whose job the gate remembers (a job never changes)
 
 CONCURRENCY_WAIT = "concurrency_wait"
 """Journal kind of a claim refused at the job's concurrency limit."""
@@ -138,6 +145,7 @@ class ConcurrencyGate:
         self.clock = tasks.clock
         self.config = config or ConcurrencyConfig()
         self._limits: dict[uuid.UUID, JobLimits] = {}
+        self._task_jobs: BoundedMemo[uuid.UUID, uuid.UUID] = BoundedMemo(_TASK_JOBS)
         self._journaled: dict[uuid.UUID, datetime] = {}
 
     async def job_limits(self, job_ids: Iterable[uuid.UUID]) -> dict[uuid.UUID, JobLimits]:
@@ -159,20 +167,40 @@ class ConcurrencyGate:
         for job_id, scaling, heartbeat in rows:
             self._limits[job_id] = JobLimits.from_row(job_id, scaling, heartbeat)
 
-    async def claim(self, task_id: uuid.UUID, worker_id: str) -> ClaimOutcome:
+    async def claim(
+        self,
+        task_id: uuid.UUID,
+        worker_id: str,
+        *,
+        job_id: uuid.UUID | None = None,
+        limits: JobLimits | None = None,
+    ) -> ClaimOutcome:
         """Claim one task by id (wake-up driven), or say why not.
 
         ``CONCURRENCY_LIMIT`` only for a claimable (``Queued``) task of a job
-        at its limit; any other refusal is the plain claim's.
+        at its limit; any other refusal is the plain claim's. ``job_id`` (with
+        the job's ``limits``, as read from its row) is the task's job when the
+        caller read it already: a job without a limit then needs no transaction.
         """
+        if job_id is not None:
+            self._task_jobs.put(task_id, job_id)
+            if limits is not None:
+                self._limits.setdefault(job_id, limits)
+            known = self._limits.get(job_id)
+            if known is not None and known.max_concurrency is None:
+                return await self.tasks.leases.claim(
+                    task_id, worker_id, lease_seconds=known.lease_seconds
+                )
         t = schema.tasks
         async with self.repo.transaction() as tx:
             conn = tx.connection
-            job_id = (
-                await conn.execute(sa.select(t.c.job_id).where(t.c.id == task_id))
-            ).scalar_one_or_none()
             if job_id is None:
-                return ClaimOutcome(None, NotClaimedReason.NOT_FOUND)
+                job_id = (
+                    await conn.execute(sa.select(t.c.job_id).where(t.c.id == task_id))
+                ).scalar_one_or_none()
+                if job_id is None:
+                    return ClaimOutcome(None, NotClaimedReason.NOT_FOUND)
+                self._task_jobs.put(task_id, job_id)
             await self._load_limits(conn, [job_id])
             limits = self._limits[job_id]
             if limits.max_concurrency is not None:
@@ -197,12 +225,15 @@ class ConcurrencyGate:
         the wake-up that was promised to them. Jobs without a limit need none.
         """
         t = schema.tasks
-        async with self.repo.read() as tx:
-            job_id = (
-                await tx.connection.execute(sa.select(t.c.job_id).where(t.c.id == task_id))
-            ).scalar_one_or_none()
+        job_id = self._task_jobs.get(task_id)
         if job_id is None:
-            return []
+            async with self.repo.read() as tx:
+                job_id = (
+                    await tx.connection.execute(sa.select(t.c.job_id).where(t.c.id == task_id))
+                ).scalar_one_or_none()
+            if job_id is None:
+                return []
+            self._task_jobs.put(task_id, job_id)
         limit = (await self.job_limits([job_id])).get(job_id)
         if limit is None or limit.max_concurrency is None:
             return []

@@ -12,38 +12,91 @@ claimed payload also carries ``capability_token``, issued for the claimed
 failed at once (terminally when issuing can never succeed, for instance a
 location no token can grant; with a retry otherwise) and the claim is
 answered as not claimed: no worker runs an attempt it could not authorize.
+A heartbeat that presents the attempt's current token gets a fresh one when
+that token nears its expiry (:meth:`TaskControl.refresh_capability`), so an
+attempt that holds its lease for hours keeps its data access.
+
+Cost per call. A claim reads the task with its job, claims (a job without a
+concurrency limit: one statement, no transaction), then reads the task's
+state and the output pointers; a heartbeat and a completion without final events are one fenced
+statement each. What never changes is read once and remembered, bounded: a
+task's job, a job's lease length and whether it is an always-on source (only
+those heartbeats look up a directive). Reads that need no snapshot across
+statements run without ``BEGIN``/``COMMIT`` on Postgres (READ COMMITTED
+takes a snapshot per statement anyway).
 """
 
 from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from trace_core.clock import Clock, SystemClock
+from trace_core.dispatcher.bounded import BoundedMemo
+from trace_core.dispatcher.concurrency import JobLimits
 from trace_core.dispatcher.events import AcceptResult, DatasetEvent, EventGateway, Producer
-from trace_core.dispatcher.payload import task_payloads
-from trace_core.dispatcher.reaper import lease_seconds_for_task
+from trace_core.dispatcher.payload import build_payloads, task_payloads, task_rows
 from trace_core.errors import ConfigurationError, NotFound
 from trace_core.leasing import FailOutcome
-from trace_core.model import ClaimOutcome, Fence, Lease, NotClaimedReason
+from trace_core.model import TASKS, ClaimOutcome, Fence, Lease, NotClaimedReason
 from trace_core.retry import RetryClass
-from trace_core.storage.protocol import Repository
+from trace_core.storage.protocol import Repository, Transaction
 from trace_core.storage.sql import as_sql
 from trace_core.tasks import TaskQueue
 
 if TYPE_CHECKING:  # the security stack is imported only by whoever configures it
     from trace_core.dispatcher.capabilities import CapabilityIssuer
+    from trace_core.security.claims import CapabilityClaims
 
-__all__ = ["ClaimedTask", "Claimer", "TaskControl"]
+__all__ = ["ClaimedTask", "Claimer", "JobFacts", "TaskControl"]
 
 log = logging.getLogger(__name__)
 
-Claimer = Callable[[uuid.UUID, str], Awaitable[ClaimOutcome]]
-"""Claims one task by id for a worker."""
+_TASK_JOBS = 65_536  # tasks whose job is remembered
+_JOBS = 4_096  # jobs whose facts are remembered
+
+
+class Claimer(Protocol):
+    """Claims one task by id for a worker (the Dispatcher's concurrency gate).
+
+    ``job_id`` and ``limits`` are the task's job and its claim settings when
+    the caller read them already; a claimer may use them to skip its own read.
+    """
+
+    async def __call__(
+        self,
+        task_id: uuid.UUID,
+        worker_id: str,
+        *,
+        job_id: uuid.UUID | None = None,
+        limits: JobLimits | None = None,
+    ) -> ClaimOutcome:
+        """The claim's outcome."""
+        ...
+
+
+@dataclass(frozen=True)
+class JobFacts:
+    """What the task endpoints need of a job (``jobs`` rows never change)."""
+
+    limits: JobLimits
+    always_on: bool
+    """An always-on source: its running task's heartbeat carries a directive."""
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> JobFacts:
+        """From a :func:`~trace_core.dispatcher.payload.task_rows` row."""
+        source = row["source"]
+        kind = source.get("kind") if isinstance(source, Mapping) else None
+        return cls(
+            JobLimits.from_row(row["job_id"], row["scaling"], row["heartbeat_timeout_seconds"]),
+            always_on=row["activation"] == "source" and kind == "always_on",
+        )
 
 
 @dataclass(frozen=True)
@@ -73,9 +126,11 @@ class TaskControl:
         self.clock = clock or SystemClock()
         self.tasks = tasks or TaskQueue(repo, clock=self.clock)
         self.gateway = gateway or EventGateway(repo, clock=self.clock)
-        self._claim = claim or self.tasks.claim
+        self._claim: Claimer = claim or self._plain_claim
         """The claim path; the Dispatcher passes its concurrency gate (limits and
         per-job leases) here."""
+        self._task_jobs: BoundedMemo[uuid.UUID, uuid.UUID] = BoundedMemo(_TASK_JOBS)
+        self._jobs: BoundedMemo[uuid.UUID, JobFacts] = BoundedMemo(_JOBS)
         self._directive = directive
         self._capabilities = capabilities
         """Issues each claimed attempt's capability token, when configured."""
@@ -88,13 +143,39 @@ class TaskControl:
 
         With a capability issuer the payload carries ``capability_token``.
         """
-        outcome = await self._claim(task_id, worker_id)
-        if outcome.lease is None:
+        async with self._reads() as tx:
+            rows = await task_rows(as_sql(tx).connection, [task_id])
+        if not rows:
+            return ClaimedTask(ClaimOutcome(None, NotClaimedReason.NOT_FOUND), None)
+        row = rows[0]
+        facts = self._remember(row)
+        outcome = await self._claim(task_id, worker_id, job_id=row["job_id"], limits=facts.limits)
+        lease = outcome.lease
+        if lease is None:
             return ClaimedTask(outcome, None)
-        payload = await self.fetch(task_id)
+        async with self._reads() as tx:
+            # Status and attempt as they are now, not as the claim left them: a
+            # task canceled right after the claim is seen canceled, and its
+            # operator is not started.
+            state = await tx.inspect(TASKS, task_id)
+            if state is None:
+                raise NotFound(f"task {task_id} does not exist")
+            claimed = {**row, "attempt": state.attempt, "status": state.status}
+            payload = (await build_payloads(as_sql(tx).connection, [claimed]))[task_id]
         if self._capabilities is None:
             return ClaimedTask(outcome, payload)
-        return await self._authorized(task_id, outcome, outcome.lease, payload, self._capabilities)
+        return await self._authorized(task_id, outcome, lease, payload, self._capabilities)
+
+    async def _plain_claim(
+        self,
+        task_id: uuid.UUID,
+        worker_id: str,
+        *,
+        job_id: uuid.UUID | None = None,
+        limits: JobLimits | None = None,
+    ) -> ClaimOutcome:
+        """The claim without a concurrency gate (limits are not enforced)."""
+        return await self.tasks.claim(task_id, worker_id)
 
     async def _authorized(
         self,
@@ -130,7 +211,7 @@ class TaskControl:
 
     async def fetch(self, task_id: uuid.UUID) -> dict[str, Any]:
         """The full task payload (read-only); :class:`NotFound` if there is no such task."""
-        async with self.repo.read() as tx:
+        async with self._reads() as tx:
             payloads = await task_payloads(as_sql(tx).connection, [task_id])
         if task_id not in payloads:
             raise NotFound(f"task {task_id} does not exist")
@@ -139,14 +220,57 @@ class TaskControl:
     async def heartbeat(self, fence: Fence) -> datetime:
         """Extend the current attempt's lease by the job's heartbeat timeout;
         :class:`StaleClaim` if it is not current."""
-        async with self.repo.read() as tx:
-            lease = await lease_seconds_for_task(as_sql(tx).connection, _task_id(fence))
+        facts = await self._facts(_task_id(fence))
+        lease = None if facts is None else facts.limits.lease_seconds
         return await self.tasks.heartbeat(fence, lease_seconds=lease)
 
     async def directive(self, task_id: uuid.UUID) -> str:
         """What a running source should do now: ``run``, ``pause`` (backpressure)
-        or ``stop`` (shutdown drain); always ``run`` without a source supervisor."""
-        return "run" if self._directive is None else str(await self._directive(task_id))
+        or ``stop`` (shutdown drain); always ``run`` without a source supervisor
+        and for tasks that are not an always-on source's run."""
+        if self._directive is None:
+            return "run"
+        facts = await self._facts(task_id)
+        if facts is not None and not facts.always_on:
+            return "run"
+        return str(await self._directive(task_id))
+
+    async def refresh_capability(
+        self, task_id: uuid.UUID, attempt: int, token: str | None
+    ) -> str | None:
+        """A fresh capability token for ``(task_id, attempt)`` when ``token``
+        (the attempt's current one) nears its expiry; else ``None``.
+
+        Call it only after a fenced call of that attempt succeeded (the
+        heartbeat): the fence is what makes the caller the lease holder.
+        ``None`` also without a capability issuer, without a token, and for a
+        token that does not verify (expired included): the attempt then keeps
+        what it has.
+        """
+        if self._capabilities is None or not token:
+            return None
+        return await self._renewed(
+            task_id, attempt, self._capabilities.refresh(token, task_id, attempt)
+        )
+
+    async def renew_capability(self, claims: CapabilityClaims) -> str | None:
+        """:meth:`refresh_capability` for claims verified already (a task-scoped
+        call's token); the same rule and the same precondition."""
+        if self._capabilities is None:
+            return None
+        renewal = self._capabilities.renew_if_due(claims)
+        return await self._renewed(claims.task_id, claims.attempt, renewal)
+
+    async def _renewed(
+        self, task_id: uuid.UUID, attempt: int, renewal: Awaitable[str | None]
+    ) -> str | None:
+        """The renewal's token; ``None`` if issuing failed (a signer outage):
+        the heartbeat itself succeeded, and the next one asks again."""
+        try:
+            return await renewal
+        except Exception as exc:
+            log.warning("task %s attempt %d: capability not renewed: %s", task_id, attempt, exc)
+            return None
 
     async def emit(
         self, task_id: uuid.UUID, attempt: int, events: Sequence[DatasetEvent]
@@ -161,12 +285,17 @@ class TaskControl:
         events: Sequence[DatasetEvent] = (),
         outputs: Sequence[Mapping[str, Any]] | None = None,
     ) -> AcceptResult:
-        """Accept the final events and complete the attempt, atomically."""
-        async with self.repo.transaction() as tx:
-            accepted = await self.gateway.accept(
-                events, producer=Producer(_task_id(fence), fence.attempt), tx=tx
-            )
-            await self.tasks.complete(fence, outputs=outputs, tx=tx)
+        """Accept the final events and complete the attempt, atomically (without
+        events the completion is one fenced statement)."""
+        if not events:
+            await self.tasks.complete(fence, outputs=outputs)
+            accepted = AcceptResult([], 0, 0)
+        else:
+            async with self.repo.transaction() as tx:
+                accepted = await self.gateway.accept(
+                    events, producer=Producer(_task_id(fence), fence.attempt), tx=tx
+                )
+                await self.tasks.complete(fence, outputs=outputs, tx=tx)
         await self._released(fence)
         return accepted
 
@@ -176,6 +305,37 @@ class TaskControl:
         outcome = await self.tasks.fail(fence, error, retry_class=retry_class)
         await self._released(fence)
         return outcome
+
+    @asynccontextmanager
+    async def _reads(self) -> AsyncIterator[Transaction]:
+        """Reads without a snapshot across statements: on Postgres an
+        autocommit connection (no ``BEGIN``/``COMMIT`` round trips; READ
+        COMMITTED takes a snapshot per statement in a transaction too), on
+        SQLite a deferred read transaction (``statement()`` would take the
+        write lock there)."""
+        if self.repo.engine_name == "postgres":
+            async with self.repo.statement() as tx:
+                yield tx
+        else:
+            async with self.repo.read() as tx:
+                yield tx
+
+    def _remember(self, row: Mapping[str, Any]) -> JobFacts:
+        """Keep the task's job and the job's facts from a :func:`task_rows` row."""
+        self._task_jobs.put(row["id"], row["job_id"])
+        return self._jobs.get(row["job_id"]) or self._jobs.put(
+            row["job_id"], JobFacts.from_row(row)
+        )
+
+    async def _facts(self, task_id: uuid.UUID) -> JobFacts | None:
+        """The facts of the task's job (read once); ``None`` if there is no such task."""
+        job_id = self._task_jobs.get(task_id)
+        facts = None if job_id is None else self._jobs.get(job_id)
+        if facts is not None:
+            return facts
+        async with self._reads() as tx:
+            rows = await task_rows(as_sql(tx).connection, [task_id])
+        return self._remember(rows[0]) if rows else None
 
     async def _released(self, fence: Fence) -> None:
         """A running slot of the task's job is free: wake who waits for it."""

@@ -19,7 +19,7 @@ the pointers (another query only for a dataset outside them).
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,7 +30,59 @@ from trace_core.dag.coverage import read_coverage
 from trace_core.dag.validate import INPUTS_WHERE_KEY
 from trace_core.storage import schema
 
-__all__ = ["task_payloads"]
+__all__ = ["build_payloads", "task_payloads", "task_rows"]
+
+
+def _task_rows_statement() -> sa.Select[Any]:
+    t, j = schema.tasks, schema.jobs
+    return (
+        sa.select(
+            t.c.id,
+            t.c.attempt,
+            t.c.status,
+            t.c.partitions,
+            t.c.input_versions,
+            j.c.id.label("job_id"),
+            j.c.org_id,
+            j.c.name,
+            j.c.dag_name,
+            j.c.dag_version_id,
+            j.c.operator,
+            j.c.runtime,
+            j.c.config,
+            j.c.output_datasets,
+            j.c.activation,
+            j.c.scaling,
+            j.c.heartbeat_timeout_seconds,
+            j.c.source,
+        )
+        .join(j, j.c.id == t.c.job_id)
+        .where(t.c.id.in_(sa.bindparam("ids", expanding=True)))
+    )
+
+
+def _pointers_statement() -> sa.Select[Any]:
+    p, v, d = schema.dag_version_datasets, schema.dataset_versions, schema.datasets
+    return (
+        sa.select(
+            p.c.dag_version_id,
+            p.c.dataset_uuid,
+            v.c.id,
+            v.c.storage_location,
+            v.c.range_start,
+            v.c.range_end,
+            d.c.name,
+        )
+        .join(v, v.c.id == p.c.dataset_version)
+        .join(d, d.c.id == p.c.dataset_uuid)
+        .where(p.c.dag_version_id.in_(sa.bindparam("dag_versions", expanding=True)))
+    )
+
+
+# Built once: every claim runs them, and building a statement (and its cache
+# key) costs more than SQLAlchemy's compiled-cache lookup of a ready one.
+_TASK_ROWS = _task_rows_statement()
+_POINTERS = _pointers_statement()
 
 
 async def task_payloads(
@@ -38,31 +90,22 @@ async def task_payloads(
 ) -> dict[uuid.UUID, dict[str, Any]]:
     """The payload of each existing task among ``task_ids`` (two queries, one
     more for source tasks, and rarely one for inputs outside the pointers)."""
-    t, j = schema.tasks, schema.jobs
-    rows = (
-        await conn.execute(
-            sa.select(
-                t.c.id,
-                t.c.attempt,
-                t.c.status,
-                t.c.partitions,
-                t.c.input_versions,
-                j.c.id.label("job_id"),
-                j.c.org_id,
-                j.c.name,
-                j.c.dag_name,
-                j.c.dag_version_id,
-                j.c.operator,
-                j.c.runtime,
-                j.c.config,
-                j.c.output_datasets,
-                j.c.activation,
-            )
-            .join(j, j.c.id == t.c.job_id)
-            .where(t.c.id.in_(list(task_ids)))
-        )
-    ).mappings()
-    tasks = list(rows)
+    return await build_payloads(conn, await task_rows(conn, task_ids))
+
+
+async def task_rows(conn: AsyncConnection, task_ids: Sequence[uuid.UUID]) -> list[dict[str, Any]]:
+    """The task and job columns a payload is built from, one row per existing
+    task (also the job's claim settings: ``scaling``, ``heartbeat_timeout_seconds``
+    and ``source``)."""
+    rows = (await conn.execute(_TASK_ROWS, {"ids": list(task_ids)})).mappings()
+    return [dict(row) for row in rows]
+
+
+async def build_payloads(
+    conn: AsyncConnection, tasks: Sequence[Mapping[str, Any]]
+) -> dict[uuid.UUID, dict[str, Any]]:
+    """The payloads of rows read by :func:`task_rows` (whose ``attempt`` and
+    ``status`` a caller may have replaced by what its claim just set)."""
     locations = await _output_locations(conn, {r["dag_version_id"] for r in tasks})
     stored = await _input_locations(conn, tasks, locations)
     names = await _dataset_names(conn, tasks, locations)
@@ -131,23 +174,9 @@ class _Pointer:
 async def _output_locations(
     conn: AsyncConnection, dag_versions: set[uuid.UUID]
 ) -> dict[uuid.UUID, dict[uuid.UUID, _Pointer]]:
-    p, v, d = schema.dag_version_datasets, schema.dataset_versions, schema.datasets
     if not dag_versions:
         return {}
-    rows = await conn.execute(
-        sa.select(
-            p.c.dag_version_id,
-            p.c.dataset_uuid,
-            v.c.id,
-            v.c.storage_location,
-            v.c.range_start,
-            v.c.range_end,
-            d.c.name,
-        )
-        .join(v, v.c.id == p.c.dataset_version)
-        .join(d, d.c.id == p.c.dataset_uuid)
-        .where(p.c.dag_version_id.in_(dag_versions))
-    )
+    rows = await conn.execute(_POINTERS, {"dag_versions": list(dag_versions)})
     found: dict[uuid.UUID, dict[uuid.UUID, _Pointer]] = {}
     for dag_version, dataset, version, location, start, end, name in rows:
         span = None if start is None or end is None else {"start": start, "end": end}
@@ -157,7 +186,7 @@ async def _output_locations(
 
 async def _source_output_coverage(
     conn: AsyncConnection,
-    tasks: Sequence[Any],
+    tasks: Sequence[Mapping[str, Any]],
     pointers: dict[uuid.UUID, dict[uuid.UUID, _Pointer]],
 ) -> dict[uuid.UUID, list[list[int]]]:
     """The block ranges already materialized in the output versions of source
@@ -176,7 +205,7 @@ async def _source_output_coverage(
 
 async def _dataset_names(
     conn: AsyncConnection,
-    tasks: Sequence[Any],
+    tasks: Sequence[Mapping[str, Any]],
     pointers: dict[uuid.UUID, dict[uuid.UUID, _Pointer]],
 ) -> dict[str, str]:
     """``{dataset_uuid (str): name}`` of every dataset ``tasks`` read or write:
@@ -213,7 +242,7 @@ def _version_of(item: Any) -> uuid.UUID | None:
 
 async def _input_locations(
     conn: AsyncConnection,
-    tasks: Sequence[Any],
+    tasks: Sequence[Mapping[str, Any]],
     pointers: dict[uuid.UUID, dict[uuid.UUID, _Pointer]],
 ) -> dict[uuid.UUID, str]:
     """``storage_location`` of every pinned input version of ``tasks``."""

@@ -88,6 +88,16 @@ class TokenIssuer:
         self._clock = clock
         self._max_token_bytes = max_token_bytes
 
+    @property
+    def clock(self) -> Clock:
+        """The clock that stamps ``iat``/``nbf``/``exp``."""
+        return self._clock
+
+    @property
+    def ttl_seconds(self) -> int:
+        """How long a token issued now stays valid."""
+        return self._ttl
+
     def claims(
         self,
         task_id: uuid.UUID,
@@ -143,3 +153,15 @@ class TokenIssuer:
                 f"{self._max_token_bytes}-byte limit verifiers enforce",
             )
         return token
+
+    async def renew(self, claims: CapabilityClaims) -> str:
+        """A new token with the same grants as ``claims`` (same task, attempt,
+        inputs, output and scratch prefixes): fresh ``jti``, ``iat``, ``nbf``
+        and ``exp``, signed by the key active now."""
+        return await self.issue(
+            claims.task_id,
+            claims.attempt,
+            claims.inputs,
+            claims.output_prefixes,
+            claims.scratch_prefix,
+        )

@@ -10,6 +10,7 @@ a child process without its credentials (:mod:`trace_core.worker.udf`).
 The Dispatcher's own in-process runner
 (:class:`~trace_core.dispatcher.runner.InProcessRunner`) is this wrapper on
 an :class:`InProcessClient`. httpx is imported only when an HTTP client is built.
+An HTTP worker's scoped credentials come from :class:`HttpCredentialSource`.
 """
 
 from trace_core.worker.attempt import Attempt, AttemptSettings
@@ -32,6 +33,7 @@ from trace_core.worker.context import (
     declared_secrets,
 )
 from trace_core.worker.http_client import HttpControlPlaneClient
+from trace_core.worker.http_credentials import HttpCredentialSource
 from trace_core.worker.retrying import DEFAULT_BACKOFF, RetryingClient
 from trace_core.worker.udf import UdfConfig, UdfOperator, child_environment, run_udf
 from trace_core.worker.wrapper import (
@@ -62,6 +64,7 @@ __all__ = [
     "CredentialSource",
     "HeartbeatResult",
     "HttpControlPlaneClient",
+    "HttpCredentialSource",
     "InProcessClient",
     "OperatorError",
     "OperatorResult",

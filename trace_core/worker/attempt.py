@@ -12,13 +12,19 @@ time to live, and is the single place that decides the attempt is lost:
 Losing the lease cancels :attr:`Attempt.work` (the operator's scope), and
 every later call is refused locally with :class:`~trace_core.errors.StaleClaim`,
 so nothing more is written by a stale attempt.
+
+It also holds the attempt's capability token: every heartbeat presents it,
+and a renewed one in the answer is handed to :attr:`Attempt.on_renewed` (the
+wrapper swaps it into the task context with freshly minted credentials)
+before it replaces the old one, so the attempt keeps its data access for as
+long as it keeps its lease.
 """
 
 from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING
@@ -80,6 +86,7 @@ class Attempt:
         *,
         settings: AttemptSettings,
         clock: Clock,
+        capability_token: str | None = None,
     ) -> None:
         self.client = client
         self.task_id = task_id
@@ -90,6 +97,11 @@ class Attempt:
         self.work = anyio.CancelScope()
         """The operator's scope: cancelled when the lease is lost."""
         self.heartbeats = 0
+        self.capability_token = capability_token
+        """The attempt's current capability token (renewed by heartbeats)."""
+        self.on_renewed: Callable[[str], Awaitable[None]] | None = None
+        """Takes a renewed token before the attempt adopts it; if it raises, the
+        old token stays and the next heartbeat asks again."""
         self._lost: str | None = None
         self._closed = False
         self._ttl_seconds = 0.0
@@ -134,7 +146,9 @@ class Attempt:
         """Extend the lease now; :class:`StaleClaim` once it is lost."""
         self._check()
         try:
-            beat = await self.client.heartbeat(self.task_id, self.attempt, self.lease_token)
+            beat = await self.client.heartbeat(
+                self.task_id, self.attempt, self.lease_token, self.capability_token
+            )
         except (StaleClaim, NotFound) as exc:
             self.lose("stale")
             raise StaleClaim("tasks", self.task_id, f"heartbeat refused: {exc}") from exc
@@ -150,7 +164,20 @@ class Attempt:
         self.heartbeats += 1
         self._granted(beat.expires_at)
         self._directive, self._directive_at = beat.directive, self.clock.now()
+        if beat.capability_token is not None:
+            await self._renewed(beat.capability_token)
         return beat
+
+    async def _renewed(self, token: str) -> None:
+        try:
+            if self.on_renewed is not None:
+                await self.on_renewed(token)
+        except Exception as exc:
+            # The lease is fine; the old token is still valid for a while, and
+            # the next heartbeat is answered with a renewal again.
+            log.warning("task %s: renewed capability not adopted: %r", self.task_id, exc)
+            return
+        self.capability_token = token
 
     async def directive(self) -> str:
         """The latest directive, refreshed by a heartbeat when older than

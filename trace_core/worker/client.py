@@ -103,6 +103,8 @@ class HeartbeatResult:
     expires_at: datetime
     directive: str
     """``run``, ``pause`` (emit nothing until resumed) or ``stop`` (finish)."""
+    capability_token: str | None = None
+    """A renewed capability token for the attempt, when the presented one was due."""
 
 
 class ControlPlaneClient(Protocol):
@@ -121,9 +123,17 @@ class ControlPlaneClient(Protocol):
         ...
 
     async def heartbeat(
-        self, task_id: uuid.UUID, attempt: int, lease_token: uuid.UUID
+        self,
+        task_id: uuid.UUID,
+        attempt: int,
+        lease_token: uuid.UUID,
+        capability_token: str | None = None,
     ) -> HeartbeatResult:
-        """Extend the lease of the current attempt; :class:`StaleClaim` if it is not."""
+        """Extend the lease of the current attempt; :class:`StaleClaim` if it is not.
+
+        With the attempt's ``capability_token``, the answer carries a renewed
+        one once that token nears its expiry (never for a stale attempt).
+        """
         ...
 
     async def emit(
@@ -196,13 +206,19 @@ class InProcessClient:
             return await self.control.fetch(task_id)
 
     async def heartbeat(
-        self, task_id: uuid.UUID, attempt: int, lease_token: uuid.UUID
+        self,
+        task_id: uuid.UUID,
+        attempt: int,
+        lease_token: uuid.UUID,
+        capability_token: str | None = None,
     ) -> HeartbeatResult:
         """See :meth:`ControlPlaneClient.heartbeat`."""
         with _translated(stale_if_missing=task_id):
             expires = await self.control.heartbeat(Fence(task_id, attempt, lease_token))
             directive = await self.control.directive(task_id)
-        return HeartbeatResult(expires, directive)
+            # After the fenced extension only, like /internal/heartbeat.
+            renewed = await self.control.refresh_capability(task_id, attempt, capability_token)
+        return HeartbeatResult(expires, directive, renewed)
 
     async def emit(
         self, task_id: uuid.UUID, attempt: int, events: Sequence[DatasetEvent]

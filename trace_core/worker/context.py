@@ -159,7 +159,8 @@ class TaskContext:
         self.secrets: Mapping[str, str] = dict(secrets or {})
         """The job's declared secrets (``config["secrets"]``), and no others."""
         self.credentials: Mapping[str, str] = dict(credentials or {})
-        """Scoped credentials for this attempt (e.g. STS keys), when the worker has a broker."""
+        """Scoped credentials for this attempt (e.g. STS keys), when the worker has a
+        broker; re-minted whenever the capability token is renewed (:meth:`renew`)."""
         self.emitted: list[AcceptResult] = []
 
     @property
@@ -194,9 +195,22 @@ class TaskContext:
 
     @property
     def capability_token(self) -> str | None:
-        """The attempt's data-access capability token, when the Dispatcher issued one."""
+        """The attempt's data-access capability token, when the Dispatcher issued one
+        (the current one: heartbeats renew it before it expires)."""
         token = self.payload.get("capability_token")
         return str(token) if token else None
+
+    def renew(self, token: str, credentials: Mapping[str, str] | None) -> None:
+        """Adopt a renewed capability token and the credentials minted from it.
+
+        Each is replaced by one assignment, so an operator thread reading
+        :attr:`credentials` sees the old or the new set, never a mix; handles
+        built from the old set work until it expires, so a long-running
+        operator should build its handle from :attr:`credentials` per unit of work.
+        """
+        self.payload = {**self.payload, "capability_token": token}
+        if credentials is not None:
+            self.credentials = dict(credentials)
 
     def check(self) -> None:
         """Raise :class:`StaleClaim` if the attempt has lost its lease."""

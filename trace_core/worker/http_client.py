@@ -111,16 +111,26 @@ class HttpControlPlaneClient:
         return await self._send("GET", "/internal/task-fetch", None, None, {"task_id": task_id})
 
     async def heartbeat(
-        self, task_id: uuid.UUID, attempt: int, lease_token: uuid.UUID
+        self,
+        task_id: uuid.UUID,
+        attempt: int,
+        lease_token: uuid.UUID,
+        capability_token: str | None = None,
     ) -> HeartbeatResult:
-        """``POST /internal/heartbeat``."""
-        body = await self._post(
-            "/internal/heartbeat",
-            {"task_id": str(task_id), "attempt": attempt, "lease_token": str(lease_token)},
-            task_id,
-        )
+        """``POST /internal/heartbeat`` (with the capability token to renew, if any)."""
+        request: dict[str, Any] = {
+            "task_id": str(task_id),
+            "attempt": attempt,
+            "lease_token": str(lease_token),
+        }
+        if capability_token:
+            request["capability_token"] = capability_token
+        body = await self._post("/internal/heartbeat", request, task_id)
+        renewed = body.get("capability_token")
         return HeartbeatResult(
-            datetime.fromisoformat(str(body["lease_expires_at"])), str(body["directive"])
+            datetime.fromisoformat(str(body["lease_expires_at"])),
+            str(body["directive"]),
+            str(renewed) if renewed else None,
         )
 
     async def emit(

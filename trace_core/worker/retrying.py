@@ -104,11 +104,16 @@ class RetryingClient:
         return await self._call("fetch", lambda: self.inner.fetch(task_id))
 
     async def heartbeat(
-        self, task_id: uuid.UUID, attempt: int, lease_token: uuid.UUID
+        self,
+        task_id: uuid.UUID,
+        attempt: int,
+        lease_token: uuid.UUID,
+        capability_token: str | None = None,
     ) -> HeartbeatResult:
         """See :meth:`ControlPlaneClient.heartbeat`."""
         return await self._call(
-            "heartbeat", lambda: self.inner.heartbeat(task_id, attempt, lease_token)
+            "heartbeat",
+            lambda: self.inner.heartbeat(task_id, attempt, lease_token, capability_token),
         )
 
     async def emit(

@@ -9,6 +9,12 @@ heartbeating every ``lease_ttl * heartbeat_fraction``, then report: complete
 with the final events (mid-task events went through ``emit`` and were
 accepted before), or fail.
 
+Long attempts: a heartbeat presents the attempt's capability token and, once
+it nears its expiry, gets a renewed one; the wrapper mints credentials from
+it and swaps both into the task context (:meth:`TaskContext.renew`), so the
+context's token and credentials stay valid for as long as the lease is held.
+(A UDF child keeps what it was launched with.)
+
 A stale lease, seen by a heartbeat, an emit or a directive, aborts the work:
 an async operator is cancelled, a thread is abandoned (its later calls fail),
 a UDF child is killed; nothing more is written. Trusted operators run in this
@@ -24,6 +30,7 @@ or the claim's refusal reason (``AlreadyRunning``, ``Completed``, ``Canceled``..
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 import uuid
@@ -158,11 +165,12 @@ class WorkerWrapper:
         except (ControlPlaneUnavailable, ControlPlaneRejected) as exc:
             log.warning("task %s: cannot read or acknowledge: %s", task_id, exc)
             return ABANDONED
-        return await self._run(self._attempt(claim), payload)
+        return await self._run(self._attempt(claim, payload), payload)
 
-    def _attempt(self, claim: ClaimResult) -> Attempt:
+    def _attempt(self, claim: ClaimResult, payload: Mapping[str, Any]) -> Attempt:
         assert claim.lease_token is not None
         expires: datetime = claim.lease_expires_at or self.clock.now()
+        token = payload.get("capability_token")
         return Attempt(
             self.client,
             claim.task_id,
@@ -171,6 +179,7 @@ class WorkerWrapper:
             expires,
             settings=self.settings,
             clock=self.clock,
+            capability_token=str(token) if token else None,
         )
 
     async def _run(self, attempt: Attempt, payload: dict[str, Any]) -> str:
@@ -188,6 +197,7 @@ class WorkerWrapper:
         except Exception as exc:
             return await self._fail(attempt, f"credentials: {_message(exc)}", retryable=True)
         ctx = TaskContext(payload, attempt, secrets=secrets, credentials=credentials)
+        attempt.on_renewed = functools.partial(self._renew, ctx)
         result: Any = None
         error: Exception | None = None
         async with anyio.create_task_group() as group:
@@ -225,6 +235,13 @@ class WorkerWrapper:
             log.warning("task %s: completion not reported: %s", attempt.task_id, exc)
             return ABANDONED
         return COMPLETED
+
+    async def _renew(self, ctx: TaskContext, token: str) -> None:
+        """Mint credentials from a renewed token, then swap both into ``ctx``."""
+        renewed = {**ctx.payload, "capability_token": token}
+        credentials = await self.credentials(renewed) if self.credentials else None
+        ctx.renew(token, credentials)
+        log.info("task %s attempt %d: capability renewed", ctx.task_id, ctx.attempt)
 
     async def _execute(self, spec: OperatorSpec, ctx: TaskContext) -> Any:
         run = spec.run

@@ -255,7 +255,6 @@ def block_follower(runtime: PipelineRuntime, ctx: TaskContext) -> OperatorResult
             "block_follower writes two outputs: blocks, transactions", retryable=False
         )
     first, last = _follower_range(ctx)
-    store = _scoped(runtime, ctx)
     outputs = [(_named(o, f"outputs[{i}]"), o) for i, o in enumerate(ctx.outputs)]
     resume = int(_read_state(runtime, ctx, FOLLOWER_STATE).get("next_block", first))
     started = time.monotonic()
@@ -274,6 +273,9 @@ def block_follower(runtime: PipelineRuntime, ctx: TaskContext) -> OperatorResult
             if directive == "run" and end <= head - confirmations:
                 break
             _wait(ctx, _PAUSE_POLL_SECONDS)
+        # Per range, not once: a follower outlives its first credentials, and
+        # the wrapper renews them (with the capability token) in ctx.credentials.
+        store = _scoped(runtime, ctx)
         spark = runtime.spark.get()
         tables = (chain.blocks(start, end), chain.transactions(start, end))
         events = []
