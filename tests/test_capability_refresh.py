@@ -51,6 +51,7 @@ from trace_core.security.claims import CapabilityClaims
 from trace_core.storage.sql import SqlRepository
 from trace_core.worker import (
     COMPLETED,
+    ClaimResult,
     ControlPlaneClient,
     CredentialSource,
     HttpControlPlaneClient,
@@ -103,6 +104,13 @@ class Refreshing:
         assert run.task_id is not None
         return run.task_id
 
+    async def claimed(self, client: ControlPlaneClient) -> tuple[ClaimResult, uuid.UUID, str]:
+        """A new task claimed through ``client``: the claim, its lease token and
+        the capability token it carried."""
+        claim = await client.claim(await self.task(), "w1")
+        assert claim.task is not None and claim.lease_token is not None
+        return claim, claim.lease_token, str(claim.task["capability_token"])
+
     async def verify(self, token: str, task_id: uuid.UUID, attempt: int = 1) -> CapabilityClaims:
         return await self.kit.verifier.verify_for_task(token, task_id, attempt)
 
@@ -135,20 +143,18 @@ async def test_a_heartbeat_renews_the_token_once_a_third_of_its_life_is_left(
     refreshing: Refreshing, kind: str
 ) -> None:
     client = refreshing.client(kind)
-    task_id = await refreshing.task()
-    claim = await client.claim(task_id, "w1")
-    assert claim.task is not None and claim.lease_token is not None
-    first = str(claim.task["capability_token"])
+    claim, lease_token, first = await refreshing.claimed(client)
+    task_id = claim.task_id
     original = await refreshing.verify(first, task_id)
 
-    beat = await client.heartbeat(task_id, 1, claim.lease_token, first)
-    assert beat.capability_token is None  # a fresh token is not renewed
-    elapsed = 0.0
+    fresh = await client.heartbeat(task_id, 1, lease_token, first)
+    assert fresh.capability_token is None  # a fresh token is not renewed
+    beat, elapsed = fresh, 0.0
     while beat.capability_token is None:
         assert elapsed <= DUE_AFTER, "no renewal although the token was due"
         refreshing.clock.advance(STEP)
         elapsed += STEP
-        beat = await client.heartbeat(task_id, 1, claim.lease_token, first)
+        beat = await client.heartbeat(task_id, 1, lease_token, first)
     assert elapsed > DUE_AFTER - STEP  # not renewed while two thirds were left
 
     renewed = await refreshing.verify(beat.capability_token, task_id)
@@ -168,14 +174,12 @@ async def test_the_old_token_is_refused_after_its_expiry_and_the_renewed_one_is_
     refreshing: Refreshing, kind: str
 ) -> None:
     client = refreshing.client(kind)
-    task_id = await refreshing.task()
-    claim = await client.claim(task_id, "w1")
-    assert claim.task is not None and claim.lease_token is not None
-    first = current = str(claim.task["capability_token"])
+    claim, lease_token, first = await refreshing.claimed(client)
+    task_id, current = claim.task_id, first
     renewals = 0
     for _ in range(int((TTL + LEEWAY) / STEP) + 1):  # past the first token's expiry
         refreshing.clock.advance(STEP)
-        beat = await client.heartbeat(task_id, 1, claim.lease_token, current)
+        beat = await client.heartbeat(task_id, 1, lease_token, current)
         if beat.capability_token is not None:
             current, renewals = beat.capability_token, renewals + 1
     assert renewals >= 1
@@ -184,7 +188,7 @@ async def test_the_old_token_is_refused_after_its_expiry_and_the_renewed_one_is_
     assert refused.value.reason == "expired"
     await refreshing.verify(current, task_id)
     # The task-scoped API agrees: the old token is refused, the renewed one works.
-    body = {"task_id": str(task_id), "attempt": 1, "lease_token": str(claim.lease_token)}
+    body = {"task_id": str(task_id), "attempt": 1, "lease_token": str(lease_token)}
     old = await refreshing.http.post("/v1/task/heartbeat", json=body, headers={HEADER: first})
     assert old.status_code == 401 and old.json()["reason"] == "expired"
     new = await refreshing.http.post("/v1/task/heartbeat", json=body, headers={HEADER: current})
@@ -223,13 +227,11 @@ async def test_the_task_scoped_heartbeat_renews_its_header_token(refreshing: Ref
 async def test_a_stale_attempt_gets_its_409_and_no_token(refreshing: Refreshing, kind: str) -> None:
     client = refreshing.client(kind)
     dispatcher, clock = refreshing.dispatcher, refreshing.clock
-    task_id = await refreshing.task()
-    first = await client.claim(task_id, "w1")
-    assert first.task is not None and first.lease_token is not None
-    old_token = str(first.task["capability_token"])
+    first, first_lease, old_token = await refreshing.claimed(client)
+    task_id = first.task_id
     for _ in range(int(DUE_AFTER / STEP)):  # the first attempt's token becomes due
         clock.advance(STEP)
-        await client.heartbeat(task_id, 1, first.lease_token)
+        await client.heartbeat(task_id, 1, first_lease)
     clock.advance(61)  # its lease lapses; the reaper fails it, a retry claims again
     await dispatcher.reaper.run_once()
     second = None
@@ -242,13 +244,13 @@ async def test_a_stale_attempt_gets_its_409_and_no_token(refreshing: Refreshing,
 
     # The old attempt, presenting its still valid and due token: refused, nothing issued.
     with pytest.raises(StaleClaim):
-        await client.heartbeat(task_id, 1, first.lease_token, old_token)
+        await client.heartbeat(task_id, 1, first_lease, old_token)
     answer = await refreshing.http.post(
         "/internal/heartbeat",
         json={
             "task_id": str(task_id),
             "attempt": 1,
-            "lease_token": str(first.lease_token),
+            "lease_token": str(first_lease),
             "capability_token": old_token,
         },
         headers={"Authorization": f"Bearer {TOKEN}"},
