@@ -103,6 +103,7 @@ from trace_core.api.query import (
     QueryResult,
     dataset_views,
 )
+from trace_core.dispatcher.bounded import BoundedMemo
 from trace_core.errors import ConfigurationError, InvalidInput
 from trace_core.security.claims import CapabilityClaims, DatasetInput
 from trace_core.storage.sql import SqlRepository
@@ -325,7 +326,7 @@ class SparkQueryService:
         self._lock = threading.Lock()
         self._builtins: frozenset[str] | None = None
         self._plans: dict[str, bool] = {}
-        self._schemas: dict[tuple[str, str, int, int], str] = {}
+        self._schemas: BoundedMemo[tuple[str, str, int, int], str] = BoundedMemo(_SCHEMA_CACHE)
         roots = sorted({str(root), str(root.resolve())}, key=len, reverse=True)
         self._paths = re.compile(
             "(?:file:(?://)?)?(?:" + "|".join(re.escape(r) for r in roots) + ")/"
@@ -547,9 +548,7 @@ class SparkQueryService:
         known = self._schemas.get(key)
         if known is None:
             frame = session.read.parquet(*files)
-            if len(self._schemas) >= _SCHEMA_CACHE:
-                self._schemas.clear()
-            self._schemas[key] = frame.schema.json()
+            self._schemas.put(key, frame.schema.json())
             return frame
         # Inferring a schema runs a Spark job: reuse what the same first
         # object gave (Spark infers from one object unless merging schemas).

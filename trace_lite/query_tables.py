@@ -45,6 +45,7 @@ from typing import Any
 import pyarrow as pa
 import sqlalchemy as sa
 
+from trace_core.dispatcher.bounded import BoundedMemo
 from trace_core.errors import ConfigurationError, InvalidInput
 from trace_core.storage import schema
 from trace_core.storage.column_types import UTCDateTime
@@ -219,7 +220,7 @@ class TableViews:
             self._engine = self._engine.execution_options(postgresql_readonly=True)
         self._state = state
         self.max_rows = max_rows
-        self._orgs: dict[uuid.UUID, str] = {}
+        self._orgs: BoundedMemo[uuid.UUID, str] = BoundedMemo(_ORG_CACHE)
 
     async def org_of(self, task_id: uuid.UUID) -> str:
         """The org of ``task_id``'s job, as the tables' ``org_id`` holds it."""
@@ -233,9 +234,7 @@ class TableViews:
                 org = result.scalar_one_or_none()
             if org is None:
                 raise InvalidInput("sql", "the task is unknown: its org's rows cannot be read")
-            if len(self._orgs) >= _ORG_CACHE:
-                self._orgs.clear()
-            found = self._orgs[task_id] = str(org)
+            found = self._orgs.put(task_id, str(org))
         return found
 
     def read(

@@ -55,6 +55,7 @@ from trace_core.api.errors import Forbidden, error_response
 from trace_core.api.fields import Attempt, Request, check_text
 from trace_core.api.models import ErrorBody
 from trace_core.api.task_scoped import TASK_ERROR_RESPONSES, check_current_attempt
+from trace_core.dispatcher.bounded import BoundedMemo
 from trace_core.dispatcher.service import Dispatcher
 from trace_core.security.claims import CapabilityClaims, DatasetInput
 
@@ -197,7 +198,7 @@ _QUERY_RESPONSES: dict[int | str, dict[str, Any]] = {
 def query_router(dispatcher: Dispatcher, service: QueryService) -> APIRouter:
     """``POST /v1/task/query`` over ``service`` (see the module docstring)."""
     router = APIRouter(prefix="/v1/task", tags=["task"], responses=TASK_ERROR_RESPONSES)
-    names_cache: dict[uuid.UUID, dict[uuid.UUID, str]] = {}
+    names_cache: BoundedMemo[uuid.UUID, dict[uuid.UUID, str]] = BoundedMemo(_NAMES_CACHE)
 
     async def names_of(task_id: uuid.UUID) -> dict[uuid.UUID, str]:
         found = names_cache.get(task_id)
@@ -211,9 +212,7 @@ def query_router(dispatcher: Dispatcher, service: QueryService) -> APIRouter:
                         found[uuid.UUID(dataset)] = name
                     except ValueError:
                         continue
-            if len(names_cache) >= _NAMES_CACHE:
-                names_cache.clear()
-            names_cache[task_id] = found
+            names_cache.put(task_id, found)
         return found
 
     @router.post("/query", response_model=QueryResponse, responses=_QUERY_RESPONSES)
