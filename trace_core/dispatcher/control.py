@@ -314,7 +314,7 @@ class TaskControl:
         SQLite a deferred read transaction (``statement()`` would take the
         write lock there)."""
         if self.repo.engine_name == "postgres":
-            async with self.repo.statement() as tx:
+            async with self.repo.autocommit() as tx:
                 yield tx
         else:
             async with self.repo.read() as tx:

@@ -267,12 +267,17 @@ class Repository(Protocol):
         ...
 
     def statement(self) -> AbstractAsyncContextManager[Transaction]:
-        """For one statement that is atomic by itself; the engine may skip the
-        explicit transaction around it (Postgres autocommit)."""
+        """For one protocol statement that is atomic by itself; the engine may
+        skip the explicit transaction around it (Postgres autocommit)."""
         ...
 
     def read(self) -> AbstractAsyncContextManager[Transaction]:
         """A read-only transaction."""
+        ...
+
+    def autocommit(self) -> AbstractAsyncContextManager[Transaction]:
+        """Several statements that each commit by themselves (Postgres), for
+        reads that need no snapshot across statements; SQLite: a write transaction."""
         ...
 
     async def listen(self, channel: str, max_wait: float = 10.0) -> bool:

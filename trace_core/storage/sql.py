@@ -7,7 +7,7 @@ import uuid
 from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.to_thread
@@ -33,6 +33,9 @@ from trace_core.storage.sql_leasing import LeaseStatements, status_in
 from trace_core.storage.url import DatabaseURL, parse_database_url
 from trace_core.wakeup import Subscription, WakeupHub
 
+if TYPE_CHECKING:
+    from trace_core.storage.pg_direct import DirectPool
+
 __all__ = ["SqlRepository", "SqlTransaction", "as_sql"]
 
 ItemId = uuid.UUID | int
@@ -47,17 +50,65 @@ def as_sql(tx: Transaction) -> SqlTransaction:
 
 
 class SqlTransaction:
-    """One open transaction; the semantic operations of the port."""
+    """One open transaction (or autocommit scope); the semantic operations of the port.
 
-    def __init__(self, conn: AsyncConnection, repo: SqlRepository) -> None:
-        self.connection = conn
-        """The SQLAlchemy connection, for tests and adapters that add their own
-        tables to the same transaction (e.g. a completion ledger)."""
+    In a Postgres :meth:`SqlRepository.statement` scope there is no
+    SQLAlchemy connection up front: the protocol's reused statements run on
+    the driver directly (:class:`~trace_core.storage.pg_direct.DirectPool`),
+    and one autocommit connection is opened only if another statement needs it.
+    """
+
+    def __init__(
+        self,
+        conn: AsyncConnection | None,
+        repo: SqlRepository,
+        *,
+        direct: DirectPool | None = None,
+    ) -> None:
+        self._conn = conn
+        self._repo = repo
+        self._direct = direct
         self.engine_name: str = repo.engine_name
         self._stmts = repo.statements
         self.channels: set[str] = set()
         self.notified: set[str] = set()
         """Channels a statement already notified (``pg_notify`` inside it)."""
+
+    @property
+    def connection(self) -> AsyncConnection:
+        """The SQLAlchemy connection, for tests and adapters that add their own
+        tables to the same transaction (e.g. a completion ledger)."""
+        if self._direct is not None or self._conn is None:
+            raise ConfigurationError(
+                "a statement() scope runs the protocol's statements only; "
+                "use SqlRepository.autocommit() or transaction() for other SQL"
+            )
+        return self._conn
+
+    async def _connection(self) -> AsyncConnection:
+        """The SQLAlchemy connection, opened (autocommit) on first use in a direct scope."""
+        if self._conn is None:
+            self._conn = await self._repo.connect_autocommit()
+        return self._conn
+
+    async def _fetch(self, stmt: sa.Executable, params: Mapping[str, Any]) -> Sequence[Any]:
+        """Rows of ``stmt``, a statement built once and reused (a cached builder's)."""
+        if self._direct is not None:
+            return await self._direct.fetch(stmt, params)
+        rows: Sequence[Any] = (await self._execute(stmt, params)).all()
+        return rows
+
+    async def _execute(self, stmt: sa.Executable, params: Any = None) -> Any:
+        """``stmt`` through SQLAlchemy (any statement)."""
+        conn = await self._connection()
+        return await conn.execute(stmt, params)
+
+    async def release(self) -> None:
+        """Close a connection a direct scope opened on demand."""
+        if self._direct is not None and self._conn is not None:
+            with anyio.CancelScope(shield=True):
+                await self._conn.close()
+            self._conn = None
 
     def insert(self, table: sa.Table) -> Any:
         """A dialect INSERT (with ``on_conflict_do_nothing``) for ``table``."""
@@ -84,8 +135,7 @@ class SqlTransaction:
             params["limit"] = limit
         stmt = self._stmts.claim(queue, item_id is not None)
         with translate_errors(f"claim {queue.name}"):
-            result = await self.connection.execute(stmt, params)
-            rows = result.all()
+            rows = await self._fetch(stmt, params)
         qt = self._stmts.table(queue)
         data_keys = [col.key for col in qt.data]
         return [
@@ -105,12 +155,8 @@ class SqlTransaction:
 
     async def inspect(self, queue: QueueSpec, item_id: ItemId) -> ItemState | None:
         with translate_errors(f"inspect {queue.name}"):
-            row = (
-                await self.connection.execute(self._stmts.inspect(queue), {"item_id": item_id})
-            ).first()
-        if row is None:
-            return None
-        return ItemState(*row)
+            rows = await self._fetch(self._stmts.inspect(queue), {"item_id": item_id})
+        return ItemState(*rows[0]) if rows else None
 
     def _fence_params(self, fence: Fence) -> dict[str, Any]:
         params: dict[str, Any] = {
@@ -128,7 +174,8 @@ class SqlTransaction:
         stmt = self._stmts.heartbeat(queue, fence.claim_version is not None)
         params = self._fence_params(fence) | {"now": now, "expires_at": expires_at}
         with translate_errors(f"heartbeat {queue.name}"):
-            value: datetime | None = (await self.connection.execute(stmt, params)).scalar()
+            rows = await self._fetch(stmt, params)
+        value: datetime | None = rows[0][0] if rows else None
         return value
 
     async def transition(
@@ -170,7 +217,7 @@ class SqlTransaction:
             .values(new)
         )
         with translate_errors(f"{queue.name} -> {target}"):
-            result = await self.connection.execute(stmt, self._fence_params(fence))
+            result = await self._execute(stmt, self._fence_params(fence))
         return bool(result.rowcount)
 
     async def complete_many(
@@ -183,16 +230,10 @@ class SqlTransaction:
     ) -> set[ItemId]:
         if not fences:
             return set()
-        qt = self._stmts.table(queue)
-        c = qt.c
-        stmt, params = self._stmts.complete_many(queue, fences)
-        stmt = (
-            stmt.where(status_in(c.status, sources))
-            .values({c.status: queue.done, qt.finished_at: now, c.lease_expires_at: None})
-            .returning(c.id)
-        )
+        stmt = self._stmts.complete_many(queue, frozenset(sources))
+        params = self._stmts.fence_batch(fences) | {"now": now}
         with translate_errors(f"complete {queue.name}"):
-            return set((await self.connection.execute(stmt, params)).scalars().all())
+            return {row[0] for row in await self._fetch(stmt, params)}
 
     async def fail(
         self,
@@ -230,24 +271,18 @@ class SqlTransaction:
                 values[c.claim_version] = c.claim_version + 1
         stmt = sa.update(qt.table).where(*where).values(values).returning(c.status, retrying)
         with translate_errors(f"fail {queue.name}"):
-            row = (await self.connection.execute(stmt, self._fence_params(fence))).first()
+            row = (await self._execute(stmt, self._fence_params(fence))).first()
         return None if row is None else (row[0], bool(row[1]))
 
     async def expired(self, queue: QueueSpec, *, now: datetime, limit: int) -> list[Fence]:
         with translate_errors(f"expired {queue.name}"):
-            rows = (
-                await self.connection.execute(
-                    self._stmts.expired(queue), {"now": now, "limit": limit}
-                )
-            ).all()
+            rows = await self._fetch(self._stmts.expired(queue), {"now": now, "limit": limit})
         return [Fence(r[0], r[1], r[2], r[3]) for r in rows]
 
     async def requeue_due(self, queue: QueueSpec, *, now: datetime, limit: int) -> list[ItemId]:
         with translate_errors(f"requeue {queue.name}"):
-            result = await self.connection.execute(
-                self._stmts.requeue_due(queue), {"now": now, "limit": limit}
-            )
-            return list(result.scalars().all())
+            rows = await self._fetch(self._stmts.requeue_due(queue), {"now": now, "limit": limit})
+        return [row[0] for row in rows]
 
     async def force_transition(
         self,
@@ -279,7 +314,7 @@ class SqlTransaction:
             where.append(sa.or_(c.status != queue.dead, qt.retry_at.is_not(None)))
         stmt = sa.update(qt.table).where(*where).values(values).returning(c.id)
         with translate_errors(f"{queue.name} -> {target}"):
-            return set((await self.connection.execute(stmt)).scalars().all())
+            return set((await self._execute(stmt)).scalars().all())
 
     # --- tasks and outbox ---------------------------------------------------
 
@@ -323,7 +358,7 @@ class SqlTransaction:
                 # multi-row INSERTs ("insertmanyvalues") from one cached
                 # statement, several times faster than compiling a VALUES list.
                 stmt = self.insert(t).on_conflict_do_nothing().returning(t.c.id)
-                created.update((await self.connection.execute(stmt, rows)).scalars().all())
+                created.update((await self._execute(stmt, rows)).scalars().all())
             # A row that was not inserted lost a dedupe race (or repeats a key):
             # answer with the id of the task that holds the key.
             existing = await self._existing_task_ids(
@@ -397,13 +432,13 @@ class SqlTransaction:
             )
         params: dict[str, Any] = {"rows": records_param(rows)}
         if wakeup is None:
-            result = await self.connection.execute(_insert_tasks(tuple(rows[0])), params)
-            return list(result.scalars().all())
-        params |= {"w_now": now, "w_kind": wakeup.outbox_kind}
-        result = await self.connection.execute(_insert_and_wake(tuple(rows[0]), wakeup), params)
-        self.channels.update(wakeup.channels)
-        self.notified.update(wakeup.channels)
-        return [row[0] for row in result.all()]
+            found = await self._fetch(_insert_tasks(tuple(rows[0])), params)
+        else:
+            params |= {"w_now": now, "w_kind": wakeup.outbox_kind}
+            found = await self._fetch(_insert_and_wake(tuple(rows[0]), wakeup), params)
+            self.channels.update(wakeup.channels)
+            self.notified.update(wakeup.channels)
+        return [row[0] for row in found]
 
     async def _existing_task_ids(
         self, keys: list[tuple[uuid.UUID, str | None]]
@@ -414,7 +449,7 @@ class SqlTransaction:
         stmt = sa.select(t.c.job_id, t.c.dedupe_key, t.c.id).where(
             sa.tuple_(t.c.job_id, t.c.dedupe_key).in_(keys)
         )
-        rows = (await self.connection.execute(stmt)).all()
+        rows = (await self._execute(stmt)).all()
         return {(r[0], r[1]): r[2] for r in rows}
 
     async def insert_outbox(self, rows: Sequence[NewOutboxRow], *, now: datetime) -> list[int]:
@@ -435,7 +470,7 @@ class SqlTransaction:
             for row in rows
         ]
         with translate_errors("insert outbox"):
-            result = await self.connection.execute(sa.insert(t).returning(t.c.id), values)
+            result = await self._execute(sa.insert(t).returning(t.c.id), values)
             return list(result.scalars().all())
 
     def notify(self, channel: str) -> None:
@@ -475,13 +510,11 @@ class SqlTransaction:
             .returning(*cols)
         )
         with translate_errors("idempotency claim"):
-            row = (await self.connection.execute(stmt)).first()
+            row = (await self._execute(stmt)).first()
             claimed = row is not None
             if row is None:
                 row = (
-                    await self.connection.execute(
-                        sa.select(*cols).where(t.c.scope == scope, t.c.key == key)
-                    )
+                    await self._execute(sa.select(*cols).where(t.c.scope == scope, t.c.key == key))
                 ).one()
         return IdempotencyRecord(scope, key, row[0], row[1], row[2], row[3], row[4], claimed)
 
@@ -500,7 +533,7 @@ class SqlTransaction:
             .values(status="completed", response=response, completed_at=now)
         )
         with translate_errors("idempotency complete"):
-            return bool((await self.connection.execute(stmt)).rowcount)
+            return bool((await self._execute(stmt)).rowcount)
 
     async def idempotency_release(self, scope: str, key: str, request_hash: str) -> bool:
         t = schema.idempotency_keys
@@ -511,14 +544,14 @@ class SqlTransaction:
             t.c.status == "in_flight",
         )
         with translate_errors("idempotency release"):
-            return bool((await self.connection.execute(stmt)).rowcount)
+            return bool((await self._execute(stmt)).rowcount)
 
     async def idempotency_sweep(self, *, now: datetime, limit: int) -> int:
         t = schema.idempotency_keys
         pick = sa.select(t.c.scope, t.c.key).where(t.c.expires_at <= now).limit(limit)
         stmt = sa.delete(t).where(sa.tuple_(t.c.scope, t.c.key).in_(pick))
         with translate_errors("idempotency sweep"):
-            return int((await self.connection.execute(stmt)).rowcount)
+            return int((await self._execute(stmt)).rowcount)
 
 
 @functools.cache
@@ -579,6 +612,12 @@ def _insert_and_wake(names: tuple[str, ...], wakeup: TaskWakeup) -> sa.Select[An
     return query
 
 
+@functools.cache
+def _notify_all(channels: tuple[str, ...]) -> sa.Select[Any]:
+    """``SELECT pg_notify(ch, '')`` for each channel, in one statement."""
+    return sa.select(*(sa.func.pg_notify(ch, "") for ch in channels))
+
+
 class SqlRepository:
     """A Trace database on SQLite or Postgres, reached through SQLAlchemy."""
 
@@ -598,6 +637,13 @@ class SqlRepository:
         # async lock, instead of spinning in SQLite's busy handler.
         self._write_lock = anyio.Lock() if self.engine_name == "sqlite" else None
         self._listener: Any = None
+        self._direct: DirectPool | None = None
+        if self.engine_name == "postgres":
+            from trace_core.storage.pg_direct import DirectPool as Direct
+
+            self._direct = Direct(
+                self.url, self.engine.dialect, max_idle=(settings or EngineSettings()).pool_size
+            )
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[SqlTransaction]:
@@ -612,16 +658,37 @@ class SqlRepository:
     @asynccontextmanager
     async def statement(self) -> AsyncIterator[SqlTransaction]:
         """For one statement that is atomic by itself (a batch claim, a batch
-        completion, a heartbeat): autocommit on Postgres, sparing the BEGIN and
-        COMMIT round trips; a write transaction on SQLite."""
+        completion, a heartbeat). Postgres: autocommit, sparing the BEGIN and
+        COMMIT round trips, with the protocol's statements run on the driver
+        directly (:mod:`~trace_core.storage.pg_direct`); ``tx.connection`` is
+        not available there (see :meth:`autocommit`). SQLite: a write transaction."""
+        if self._direct is None:
+            async with self.transaction() as tx:
+                yield tx
+            return
+        tx = SqlTransaction(None, self, direct=self._direct)
+        try:
+            yield tx
+            pending = tx.channels - tx.notified
+            if pending:
+                with translate_errors("notify"):
+                    await self._direct.fetch(_notify_all(tuple(sorted(pending))), {})
+        finally:
+            await tx.release()
+        for channel in tx.channels:
+            self.hub.fire(channel)
+
+    @asynccontextmanager
+    async def autocommit(self) -> AsyncIterator[SqlTransaction]:
+        """Statements that each commit by themselves, through SQLAlchemy with
+        ``tx.connection`` available (services reading their own tables without
+        a snapshot across statements). SQLite: a write transaction."""
         if self.engine_name != "postgres":
             async with self.transaction() as tx:
                 yield tx
             return
-        with translate_errors("connect"):
-            conn = await self.engine.connect()
+        conn = await self.connect_autocommit()
         try:
-            await conn.execution_options(isolation_level="AUTOCOMMIT")
             tx = SqlTransaction(conn, self)
             yield tx
             await self._notify(conn, tx)
@@ -631,12 +698,24 @@ class SqlRepository:
         for channel in tx.channels:
             self.hub.fire(channel)
 
+    async def connect_autocommit(self) -> AsyncConnection:
+        """A pooled SQLAlchemy connection in autocommit mode (Postgres)."""
+        with translate_errors("connect"):
+            conn = await self.engine.connect()
+        try:
+            await conn.execution_options(isolation_level="AUTOCOMMIT")
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await conn.close()
+            raise
+        return conn
+
     async def _notify(self, conn: AsyncConnection, tx: SqlTransaction) -> None:
         """Postgres: ``pg_notify`` the channels no statement notified yet (delivered
         at commit; one per channel however many rows, all in one trip)."""
         pending = tx.channels - tx.notified
         if pending and self.engine_name == "postgres":
-            await conn.execute(sa.select(*(sa.func.pg_notify(ch, "") for ch in sorted(pending))))
+            await conn.execute(_notify_all(tuple(sorted(pending))))
 
     @asynccontextmanager
     async def read(self) -> AsyncIterator[SqlTransaction]:
@@ -697,4 +776,6 @@ class SqlRepository:
         if self._listener is not None:
             self._listener.stop()
             self._listener = None
+        if self._direct is not None:
+            await self._direct.close()
         await self.engine.dispose()

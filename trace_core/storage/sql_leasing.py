@@ -205,10 +205,9 @@ class LeaseStatements:
             .returning(c.id)
         )
 
-    def complete_many(
-        self, queue: QueueSpec, fences: Sequence[Fence]
-    ) -> tuple[sa.Update, dict[str, Any]]:
-        """A fenced batch update joined to its fences, and its parameters.
+    @functools.cache  # noqa: B019
+    def complete_many(self, queue: QueueSpec, sources: frozenset[str]) -> sa.Update:
+        """A fenced batch completion joined to its fences (see :meth:`fence_batch`).
 
         The fences travel as one parameter (arrays for ``unnest`` on Postgres,
         a JSON array for ``json_each`` on SQLite), so the statement text is the
@@ -231,23 +230,39 @@ class LeaseStatements:
             stmt = sa.update(qt.table).where(
                 c.id == keys.c.id, c.lease_token == keys.c.tok, qt.attempt == keys.c.att
             )
-            return stmt, {
+        else:
+            rows = sa.func.json_each(sa.bindparam("f_keys")).table_valued("value").alias("f")
+            uuid_ids = isinstance(c.id.type, sa.Uuid)
+
+            def field(index: int) -> sa.ColumnElement[Any]:
+                return sa.func.json_extract(rows.c.value, f"$[{index}]")
+
+            # On SQLite a Uuid column holds 32 hex characters: compare as text.
+            stmt = sa.update(qt.table).where(
+                sa.type_coerce(c.id, sa.Text() if uuid_ids else sa.Integer()) == field(0),
+                sa.type_coerce(c.lease_token, sa.Text()) == field(1),
+                qt.attempt == field(2),
+            )
+        return (
+            stmt.where(status_in(c.status, sources))
+            .values(
+                {
+                    c.status: queue.done,
+                    qt.finished_at: sa.bindparam("now"),
+                    c.lease_expires_at: None,
+                }
+            )
+            .returning(c.id)
+        )
+
+    def fence_batch(self, fences: Sequence[Fence]) -> dict[str, Any]:
+        """The parameters of :meth:`complete_many` for ``fences``."""
+        if self.engine_name == "postgres":
+            return {
                 "f_ids": [f.item_id for f in fences],
                 "f_tokens": [f.lease_token for f in fences],
                 "f_attempts": [f.attempt for f in fences],
             }
-        rows = sa.func.json_each(sa.bindparam("f_keys")).table_valued("value").alias("f")
-        uuid_ids = isinstance(c.id.type, sa.Uuid)
-
-        def field(index: int) -> sa.ColumnElement[Any]:
-            return sa.func.json_extract(rows.c.value, f"$[{index}]")
-
-        # On SQLite a Uuid column holds 32 hex characters: compare as text.
-        stmt = sa.update(qt.table).where(
-            sa.type_coerce(c.id, sa.Text() if uuid_ids else sa.Integer()) == field(0),
-            sa.type_coerce(c.lease_token, sa.Text()) == field(1),
-            qt.attempt == field(2),
-        )
         encoded = json.dumps(
             [
                 [
@@ -258,4 +273,4 @@ class LeaseStatements:
                 for f in fences
             ]
         )
-        return stmt, {"f_keys": encoded}
+        return {"f_keys": encoded}

@@ -1,0 +1,172 @@
+"""Postgres: the protocol's single statements run on the driver directly.
+
+The same statements, fences and errors as through SQLAlchemy; a connection
+that is not cleanly idle after a call is never reused.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+from datetime import datetime
+
+import anyio
+import pytest
+import sqlalchemy as sa
+
+from tests.conftest import PostgresServer
+from tests.factories import make_job, wait_until
+from trace_core.clock import ManualClock
+from trace_core.errors import (
+    ConfigurationError,
+    DatabaseUnavailable,
+    DuplicateItem,
+    StaleClaim,
+    StorageError,
+)
+from trace_core.model import TASKS, Fence
+from trace_core.storage.pg_direct import DirectPool
+from trace_core.storage.protocol import NewTask
+from trace_core.storage.sql import SqlRepository
+from trace_core.tasks import TaskQueue
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+async def pg(postgres_server: PostgresServer) -> AsyncIterator[SqlRepository]:
+    repository = SqlRepository(postgres_server.fresh_database())
+    try:
+        yield repository
+    finally:
+        await repository.close()
+
+
+def direct_pool(repo: SqlRepository) -> DirectPool:
+    pool = repo._direct
+    assert pool is not None
+    return pool
+
+
+async def test_a_statement_scope_offers_protocol_operations_only(pg: SqlRepository) -> None:
+    async with pg.statement() as tx:
+        with pytest.raises(ConfigurationError, match=r"autocommit\(\)"):
+            _ = tx.connection
+    async with pg.autocommit() as tx:
+        assert (await tx.connection.execute(sa.select(sa.literal(1)))).scalar() == 1
+
+
+async def test_leases_read_the_same_through_either_path(
+    pg: SqlRepository, clock: ManualClock
+) -> None:
+    job = await make_job(pg, clock.now())
+    tq = TaskQueue(pg, clock=clock)
+    await tq.create([NewTask(job, input_versions={"n": 1}), NewTask(job, input_versions={"n": 2})])
+    direct = await tq.leases.claim_batch("w", 1)
+    async with pg.transaction() as tx:
+        through_sa = await tq.leases.claim_batch("w", 1, tx=tx)
+    assert len(direct) == len(through_sa) == 1
+    a, b = direct[0], through_sa[0]
+    for field in ("item_id", "attempt", "claim_version", "lease_token", "expires_at"):
+        assert type(getattr(a, field)) is type(getattr(b, field)), field
+    assert a.expires_at == b.expires_at
+    assert a.expires_at.utcoffset() is not None
+    assert {a.data["input_versions"]["n"], b.data["input_versions"]["n"]} == {1, 2}
+    assert await tq.complete_many([a.fence, b.fence]) == {a.item_id, b.item_id}
+    # Fenced on the direct path as well: a second completion changes nothing.
+    assert await tq.complete_many([a.fence]) == set()
+    stale = Fence(a.item_id, a.attempt, uuid.uuid4(), a.claim_version)
+    with pytest.raises(StaleClaim):
+        await tq.heartbeat(stale)
+
+
+async def test_driver_errors_are_translated_as_through_sqlalchemy(
+    pg: SqlRepository, clock: ManualClock
+) -> None:
+    tq = TaskQueue(pg, clock=clock)
+    unknown_job = NewTask(uuid.uuid4())
+    with pytest.raises(DuplicateItem, match="constraint violated"):
+        await tq.create([unknown_job])  # direct: one statement
+    with pytest.raises(DuplicateItem, match="constraint violated"):
+        async with pg.transaction() as tx:
+            await tq.create([unknown_job], tx=tx)
+    naive = datetime(2026, 1, 1)
+    async with pg.statement() as tx:
+        with pytest.raises(StorageError, match="naive datetime"):
+            await tx.claim(TASKS, worker_id="w", lease_seconds=5, now=naive)
+
+
+async def test_a_connection_killed_under_it_is_dropped_not_reused(
+    pg: SqlRepository, clock: ManualClock
+) -> None:
+    tq = TaskQueue(pg, clock=clock)
+    assert await tq.claim_batch("w", 1) == []
+    assert direct_pool(pg).idle == 1
+    async with pg.autocommit() as tx:
+        await tx.connection.execute(
+            sa.text(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+        )
+    with pytest.raises(DatabaseUnavailable):
+        await tq.claim_batch("w", 1)
+    assert direct_pool(pg).idle == 0
+    assert await tq.claim_batch("w", 1) == []  # a new connection
+    assert direct_pool(pg).idle == 1
+
+
+async def test_a_cancelled_statement_closes_its_connection(
+    pg: SqlRepository, clock: ManualClock
+) -> None:
+    job = await make_job(pg, clock.now())
+    tq = TaskQueue(pg, clock=clock)
+    await tq.create([NewTask(job)])
+    [lease] = await tq.claim_batch("w", 1)
+    assert await tq.heartbeat(lease.fence)
+    assert direct_pool(pg).idle == 1
+    # Hold the row lock so the next heartbeat waits inside the server.
+    async with pg.transaction() as locker:
+        await locker.connection.execute(
+            sa.text("SELECT 1 FROM tasks WHERE id = :id FOR UPDATE"), {"id": lease.item_id}
+        )
+
+        async def waiting_on_the_lock() -> bool:
+            async with pg.autocommit() as tx:
+                count = await tx.connection.execute(
+                    sa.text(
+                        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                        "AND datname = current_database()"
+                    )
+                )
+                return bool(count.scalar())
+
+        async with anyio.create_task_group() as tg:
+            scope = anyio.CancelScope()
+
+            async def heartbeat() -> None:
+                with scope:
+                    await tq.heartbeat(lease.fence)
+
+            tg.start_soon(heartbeat)
+            await wait_until(
+                "the heartbeat to wait on the row lock",
+                waiting_on_the_lock,
+                time.monotonic() + 30,
+                describe=lambda: "no backend waits on a lock",
+            )
+            scope.cancel()
+        assert scope.cancelled_caught
+        assert direct_pool(pg).idle == 0  # the interrupted connection was closed
+        await locker.connection.execute(sa.text("SELECT 1"))
+    assert await tq.heartbeat(lease.fence)  # a fresh connection, the fence still holds
+
+
+async def test_calls_after_close_are_refused(postgres_server: PostgresServer) -> None:
+    repo = SqlRepository(postgres_server.fresh_database())
+    assert await TaskQueue(repo).claim_batch("w", 1) == []
+    await repo.close()
+    assert direct_pool(repo).idle == 0
+    with pytest.raises(ConfigurationError, match="closed"):
+        await TaskQueue(repo).claim_batch("w", 1)

@@ -1,0 +1,192 @@
+"""Postgres: the protocol's hot single statements, run on the driver directly.
+
+A claim, a heartbeat, a batch completion or a small enqueue is one atomic
+statement in autocommit. Through SQLAlchemy's async layer each also paid a
+pool checkout, an isolation-level switch there and back, greenlet hops and
+per-call parameter handling: ~0.65 ms of client time on top of a statement
+that itself takes ~0.25 ms (``benchmarks/queue.py --mode latency`` reports
+the per-call figures). Here each statement is compiled ONCE by SQLAlchemy —
+the same SQL text, the same bind and result processors, so the same fences —
+and executed on a small pool of dedicated autocommit psycopg connections.
+
+Only statements that are built once and reused (the ``functools.cache``d
+builders of :mod:`~trace_core.storage.sql_leasing` and
+:mod:`~trace_core.storage.sql`) may run here: they are compiled per object.
+Driver errors are wrapped the way SQLAlchemy wraps them, so
+:func:`~trace_core.storage.sql_errors.translate_errors` treats both paths alike.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import psycopg
+import sqlalchemy as sa
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.engine import Dialect
+from sqlalchemy.sql.compiler import SQLCompiler
+
+from trace_core.errors import ConfigurationError
+from trace_core.storage.url import DatabaseURL
+
+__all__ = ["DirectPool"]
+
+Processor = Callable[[Any], Any]
+
+_MAX_STATEMENTS = 256
+"""Compiled statements kept; the cached builders make a few dozen."""
+
+
+@dataclass(frozen=True)
+class _Compiled:
+    """One statement as the driver runs it."""
+
+    sql: str
+    literals: Mapping[str, Any]
+    """Values SQLAlchemy bound inside the statement (``attempt + 1`` …)."""
+    binds: Mapping[str, Processor]
+    """Bind processors of the caller's parameters (naive datetimes refused …)."""
+    results: tuple[Processor | None, ...]
+
+    def parameters(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        out = dict(self.literals)
+        for name, value in params.items():
+            processor = self.binds.get(name)
+            out[name] = value if processor is None else processor(value)
+        return out
+
+    def rows(self, raw: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+        if not any(self.results):
+            return raw
+        procs = self.results
+        return [
+            tuple(v if p is None else p(v) for p, v in zip(procs, row, strict=True)) for row in raw
+        ]
+
+
+def _compile(stmt: sa.Executable, dialect: Dialect) -> _Compiled:
+    compiled = stmt.compile(dialect=dialect) if isinstance(stmt, sa.ClauseElement) else None
+    if not isinstance(compiled, SQLCompiler):
+        raise ConfigurationError(f"not a SQL statement: {type(stmt).__name__}")
+    literals: dict[str, Any] = {}
+    binds: dict[str, Processor] = {}
+    for bind, name in compiled.bind_names.items():
+        if bind.expanding:
+            # An expanding IN is rendered per call; such a statement is not fixed text.
+            raise ConfigurationError(f"statement has an expanding parameter {name!r}")
+        if not bind.required:
+            literals[name] = bind.effective_value
+        processor = bind.type.dialect_impl(dialect).bind_processor(dialect)
+        if processor is not None:
+            if name in literals:
+                literals[name] = processor(literals[name])
+            else:
+                binds[name] = processor
+    columns = getattr(stmt, "exported_columns", ())
+    results = tuple(c.type.dialect_impl(dialect).result_processor(dialect, None) for c in columns)
+    return _Compiled(compiled.string, literals, binds, results)
+
+
+class DirectPool:
+    """Dedicated autocommit connections for the hot statements of one repository.
+
+    Connections are made on demand and at most ``max_idle`` are kept between
+    calls. A connection that is not cleanly idle after a call (an error, a
+    cancellation mid-statement) is closed, never reused.
+    """
+
+    def __init__(self, url: DatabaseURL, dialect: Dialect, *, max_idle: int) -> None:
+        self._conninfo = url.sync_url.set(drivername="postgresql").render_as_string(
+            hide_password=False
+        )
+        self._dialect = dialect
+        self._max_idle = max_idle
+        self._idle: list[psycopg.AsyncConnection[Any]] = []
+        self._lock = threading.Lock()
+        self._closed = False
+        self._compiled = functools.lru_cache(maxsize=_MAX_STATEMENTS)(self._compile)
+
+    def _compile(self, stmt: sa.Executable) -> _Compiled:
+        return _compile(stmt, self._dialect)
+
+    async def fetch(
+        self, stmt: sa.Executable, params: Mapping[str, Any]
+    ) -> Sequence[tuple[Any, ...]]:
+        """Run ``stmt`` (built once, reused) with ``params``; its rows, processed."""
+        compiled = self._compiled(stmt)
+        try:
+            bound = compiled.parameters(params)
+        except (TypeError, ValueError) as exc:
+            # What SQLAlchemy raises for a value its bind processor refuses.
+            raise sa_exc.StatementError(str(exc), compiled.sql, None, exc) from exc
+        conn = await self._acquire(compiled.sql)
+        clean = False
+        try:
+            cursor = await conn.execute(compiled.sql, bound)
+            raw = await cursor.fetchall() if cursor.description is not None else []
+            clean = True
+        except psycopg.Error as exc:
+            raise _wrapped(compiled.sql, exc, conn) from exc
+        finally:
+            await self._release(conn, clean)
+        return compiled.rows(raw)
+
+    @property
+    def idle(self) -> int:
+        """Connections kept open for the next call."""
+        with self._lock:
+            return len(self._idle)
+
+    async def _acquire(self, sql: str) -> psycopg.AsyncConnection[Any]:
+        with self._lock:
+            if self._closed:
+                raise ConfigurationError("the repository is closed")
+            if self._idle:
+                return self._idle.pop()
+        try:
+            return await psycopg.AsyncConnection.connect(self._conninfo, autocommit=True)
+        except psycopg.Error as exc:
+            raise _wrapped(sql, exc, None) from exc
+
+    async def _release(self, conn: psycopg.AsyncConnection[Any], clean: bool) -> None:
+        reusable = (
+            clean
+            and not conn.closed
+            and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        )
+        with self._lock:
+            if reusable and not self._closed and len(self._idle) < self._max_idle:
+                self._idle.append(conn)
+                return
+        with anyio.CancelScope(shield=True):
+            await conn.close()
+
+    async def close(self) -> None:
+        """Close every idle connection; calls after this are refused."""
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        with anyio.CancelScope(shield=True):
+            for conn in idle:
+                await conn.close()
+
+
+def _wrapped(
+    sql: str, exc: psycopg.Error, conn: psycopg.AsyncConnection[Any] | None
+) -> sa_exc.StatementError:
+    """``exc`` as the SQLAlchemy error SQLAlchemy would have raised (parameters hidden)."""
+    invalidated = conn is None or conn.broken
+    return sa_exc.DBAPIError.instance(
+        sql,
+        None,
+        exc,
+        psycopg.Error,
+        hide_parameters=True,
+        connection_invalidated=invalidated,
+        dialect=None,
+    )
