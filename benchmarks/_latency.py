@@ -21,6 +21,13 @@ stamp to the worker holding the lease. Scenarios:
 
 A wake-up lost between the worker's empty claim and its next wait costs the
 whole ``timeout``; such samples are counted in ``slow_samples``.
+
+On Postgres a ``floor`` row comes first: the same pacing applied to bare
+driver round trips on the same server (``SELECT 1``; a one-row ``INSERT``
+committed with the server's durability), so the scenarios can be read against
+what this machine's idle wake-ups and commit flushes cost by themselves. An
+enqueue-to-claim sample needs at least two durable commits (the enqueue and
+the claim) and one notification.
 """
 
 from __future__ import annotations
@@ -138,6 +145,32 @@ async def _worker(url: str, wait_timeout: float, ready: Event, stop: Event) -> d
 
 
 # --- scenarios ----------------------------------------------------------------------------
+
+
+async def _floor(url: str, params: LatencyParams) -> dict[str, Any]:
+    """Paced bare round trips on the driver: what the machine costs by itself."""
+    import psycopg
+
+    from trace_core.storage.url import parse_database_url
+
+    conninfo = (
+        parse_database_url(url)
+        .sync_url.set(drivername="postgresql")
+        .render_as_string(hide_password=False)
+    )
+    probes = {"select_ms": "SELECT 1", "durable_insert_ms": "INSERT INTO trace_floor VALUES (1)"}
+    out: dict[str, Any] = {}
+    async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as conn:
+        await conn.execute("CREATE TEMP TABLE trace_floor (x int)")
+        for key, sql in probes.items():
+            times: list[float] = []
+            for _ in range(params.samples + _WARMUP):
+                t0 = time.monotonic()
+                await conn.execute(sql)
+                times.append((time.monotonic() - t0) * 1000)
+                await anyio.sleep(params.pause)
+            out[f"{key[:-3]}_median_ms"] = round(median(times[_WARMUP:]), 3)
+    return out
 
 
 async def _in_process(url: str, params: LatencyParams) -> dict[str, Any]:
@@ -325,6 +358,12 @@ def run_latency(
     scenarios = ["in-process", "in-process-threads"]
     if dbs.engine == "postgres":
         scenarios.append("cross-process")
+        url = dbs.fresh("latfloor")
+        floor: dict[str, Any] = {"engine": dbs.engine, "mode": "latency", "scenario": "floor"}
+        floor |= {"load_average_before": load_average(), "pause_s": params.pause}
+        floor |= anyio.run(_floor, url, params, backend="asyncio")
+        emit(floor)
+        dbs.drop(url)
     for scenario in scenarios:
         url = dbs.fresh(f"lat{len(rows)}")
         log.info("latency: %s, %d samples", scenario, params.samples)
