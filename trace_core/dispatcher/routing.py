@@ -46,7 +46,7 @@ from trace_core.dispatcher.topology import (
 )
 from trace_core.outbox import Deferred
 from trace_core.storage import schema
-from trace_core.storage.bulk import bulk_insert, json_records, records_param
+from trace_core.storage.bulk import bulk_insert, json_records, records_param, uuid_array
 from trace_core.storage.protocol import NewTask, Repository, TaskCreated
 from trace_core.storage.sql import SqlTransaction, as_sql
 from trace_core.tasks import TaskQueue
@@ -218,13 +218,14 @@ class EventRouter:
         now: datetime,
         report: RouteReport,
     ) -> None:
-        statuses = {e.id: "routed" if e.dataset_version in live else "not_current" for e in events}
-        report.routed = sum(1 for s in statuses.values() if s == "routed")
-        report.not_current = len(statuses) - report.routed
+        not_current = [e.id for e in events if e.dataset_version not in live]
+        report.not_current = len(not_current)
+        report.routed = len(events) - report.not_current
         jobs = {job.job_id: job for deps in dependents.values() for job, _ in deps}
         done = await route_in_sql(
             st,
-            statuses,
+            [e.id for e in events],
+            not_current,
             [(job, self.handicap(job.priority_tier)) for job in jobs.values()],
             now=now,
             wakeup=self.tasks.wakeup,
@@ -380,7 +381,7 @@ async def _pending(conn: AsyncConnection, event_ids: Sequence[uuid.UUID]) -> lis
     e = schema.events
     if conn.dialect.name == "postgresql":
         # one array parameter, not hundreds of expanded IN parameters
-        ids = sa.bindparam("ids", list(event_ids), type_=postgresql.ARRAY(sa.Uuid()))
+        ids = sa.cast(sa.bindparam("ids", uuid_array(event_ids)), postgresql.ARRAY(sa.Uuid()))
         wanted = e.c.id == sa.func.any(ids)
     else:
         wanted = e.c.id.in_(list(event_ids))

@@ -19,14 +19,14 @@ scattered over the index.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 import sqlalchemy as sa
 
 from trace_core.dispatcher.topology import Dependent, InputEdge
-from trace_core.storage.bulk import id_block, records_param, unprepared
+from trace_core.storage.bulk import id_block, records_param, unprepared, uuid_array
 from trace_core.storage.protocol import NewOutboxRow, TaskWakeup
 from trace_core.storage.sql import SqlTransaction
 
@@ -50,12 +50,16 @@ class SetRoute:
 
 # ev: the batch with each event's status and own unit (dedupe key, input
 # entry, task_inputs key); j: the dependents with their pinned edge; cand: one
-# row per (event, job) whose edge pins the event's version.
+# row per (event, job) whose edge pins the event's version, with the id its
+# task gets if created. ins names its arbiter: without one, every unique index
+# (the primary key too) is probed before each insert. made joins on that id,
+# not on the ~100-character dedupe key.
 _ROUTE = sa.text(
     """
 WITH ev AS (
     SELECT e.id, e.dataset_uuid, e.dataset_version, e.partition_key, e.received_at,
-           s.status,
+           CASE WHEN e.id = ANY(CAST(:not_current AS uuid[])) THEN 'not_current' ELSE 'routed'
+           END AS status,
            CASE WHEN e.partition_key IS NOT NULL
                 THEN 'partition:' || e.dataset_uuid || ':' || e.dataset_version || ':'
                      || e.partition_key
@@ -67,9 +71,8 @@ WITH ev AS (
                                         'start', e.range_start, 'end', e.range_end)
            END AS unit,
            coalesce(e.partition_key, 'cursor:' || e.cursor) AS input_key
-    FROM unnest(CAST(:ids AS uuid[]), CAST(:statuses AS text[])) AS s(id, status)
-    JOIN events e ON e.id = s.id
-    WHERE e.id = ANY(CAST(:ids AS uuid[]))  -- a primary-key lookup, not a join with every event
+    FROM events e
+    WHERE e.id = ANY(CAST(:ids AS uuid[]))
 ), j AS (
     SELECT * FROM jsonb_to_recordset(CAST(:jobs AS jsonb)) AS j(
         job_id uuid, job_name text, dataset_version uuid, pinned jsonb,
@@ -77,23 +80,22 @@ WITH ev AS (
 ), cand AS (
     SELECT ev.id AS event_id, ev.dataset_uuid, ev.partition_key, ev.received_at, ev.unit,
            ev.input_key, ev.dedupe_key, j.job_id, j.job_name, j.pinned, j.max_attempts,
-           j.queued_at, row_number() OVER () AS n
+           j.queued_at,
+           CAST(:id_prefix || lpad(to_hex(row_number() OVER ()), 8, '0') AS uuid) AS task_id
     FROM ev JOIN j ON j.dataset_version = ev.dataset_version
 ), ins AS (
     INSERT INTO tasks (id, job_id, dedupe_key, status, attempt, claim_version, partitions,
                        input_versions, max_attempts, created_at, queued_at)
-    SELECT CAST(:id_prefix || lpad(to_hex(n), 8, '0') AS uuid), job_id, dedupe_key, 'Queued',
-           1, 0,
+    SELECT task_id, job_id, dedupe_key, 'Queued', 1, 0,
            CASE WHEN partition_key IS NOT NULL THEN ARRAY[partition_key] END,
            jsonb_build_object('inputs', jsonb_build_array(pinned || unit),
                               'trigger_event_id', CAST(event_id AS text)),
            max_attempts, :now, queued_at
-    FROM cand ORDER BY n
-    ON CONFLICT DO NOTHING
-    RETURNING id, job_id, dedupe_key
+    FROM cand ORDER BY task_id
+    ON CONFLICT (job_id, dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING
+    RETURNING id
 ), made AS (
-    SELECT cand.*, ins.id AS task_id
-    FROM cand JOIN ins ON ins.job_id = cand.job_id AND ins.dedupe_key = cand.dedupe_key
+    SELECT cand.* FROM cand JOIN ins ON ins.id = cand.task_id
 ), inputs AS (  -- tasks made just now: no inputs row can exist, so no ON CONFLICT
     INSERT INTO task_inputs (task_id, input_dataset_uuid, input_partition_key, input_version)
     SELECT task_id, dataset_uuid, input_key, received_at FROM made ORDER BY task_id
@@ -103,7 +105,7 @@ WITH ev AS (
            jsonb_object_agg(cand.job_name,
                             CASE WHEN made.task_id IS NULL THEN 'existing' ELSE 'created' END)
                AS detail
-    FROM cand LEFT JOIN made ON made.n = cand.n
+    FROM cand LEFT JOIN made ON made.task_id = cand.task_id
     GROUP BY cand.event_id
 ), outcomes AS (
     UPDATE events SET route_status = ev.status,
@@ -130,14 +132,16 @@ SELECT (SELECT count(*) FROM made), (SELECT count(*) FROM cand)
 
 async def route_in_sql(
     st: SqlTransaction,
-    statuses: Mapping[uuid.UUID, str],
+    event_ids: Collection[uuid.UUID],
+    not_current: Iterable[uuid.UUID],
     jobs: Sequence[tuple[Dependent, float]],
     *,
     now: datetime,
     wakeup: TaskWakeup,
 ) -> SetRoute:
-    """Route the events of ``statuses`` (id -> final ``route_status``) to ``jobs``
-    (single-input dependents, each with its tier's handicap in seconds).
+    """Route the events ``event_ids`` to ``jobs`` (single-input dependents, each
+    with its tier's handicap in seconds); they become ``routed``, except those
+    of ``not_current`` (events of versions no live DAG version points at).
 
     Creates the tasks with their ``task_inputs`` rows and their wake-ups (the
     ``enqueue_task`` rows of :class:`~trace_core.storage.protocol.TaskWakeup`,
@@ -162,8 +166,8 @@ async def route_in_sql(
         result = await st.connection.execute(
             _ROUTE,
             {
-                "ids": list(statuses),
-                "statuses": list(statuses.values()),
+                "ids": uuid_array(event_ids),
+                "not_current": uuid_array(not_current),
                 "jobs": records_param(rows),
                 "id_prefix": id_block(),
                 "now": now,
