@@ -49,9 +49,12 @@ class SetRoute:
 
 
 # ev: the batch with each event's status and own unit (dedupe key, input
-# entry, task_inputs key); j: the dependents with their pinned edge; cand: one
-# row per (event, job) whose edge pins the event's version, with the id its
-# task gets if created. ins names its arbiter: without one, every unique index
+# entry, task_inputs key); docs: each event's input_versions document for each
+# distinct pinned edge (:pins), built once per event, not once per task (the
+# dependents of a dataset version mostly pin the same edge); j: the
+# dependents with the index of their edge in :pins; cand: one row per (event,
+# job) whose edge pins the event's version, with the id its task gets if
+# created. ins names its arbiter: without one, every unique index
 # (the primary key too) is probed before each insert. made joins on that id,
 # not on the ~100-character dedupe key.
 _ROUTE = sa.text(
@@ -73,24 +76,30 @@ WITH ev AS (
            coalesce(e.partition_key, 'cursor:' || e.cursor) AS input_key
     FROM events e
     WHERE e.id = ANY(CAST(:ids AS uuid[]))
+), docs AS (
+    SELECT ev.*, ARRAY(
+        SELECT jsonb_build_object('inputs', jsonb_build_array(p.pinned || ev.unit),
+                                  'trigger_event_id', CAST(ev.id AS text))
+        FROM jsonb_array_elements(CAST(:pins AS jsonb)) WITH ORDINALITY AS p(pinned, n)
+        ORDER BY p.n
+    ) AS input_versions
+    FROM ev
 ), j AS (
     SELECT * FROM jsonb_to_recordset(CAST(:jobs AS jsonb)) AS j(
-        job_id uuid, job_name text, dataset_version uuid, pinned jsonb,
+        job_id uuid, job_name text, dataset_version uuid, pin integer,
         max_attempts integer, queued_at timestamptz)
 ), cand AS (
-    SELECT ev.id AS event_id, ev.dataset_uuid, ev.partition_key, ev.received_at, ev.unit,
-           ev.input_key, ev.dedupe_key, j.job_id, j.job_name, j.pinned, j.max_attempts,
-           j.queued_at,
+    SELECT d.id AS event_id, d.dataset_uuid, d.partition_key, d.received_at,
+           d.input_versions[j.pin] AS input_versions, d.input_key, d.dedupe_key, j.job_id,
+           j.job_name, j.max_attempts, j.queued_at,
            CAST(:id_prefix || lpad(to_hex(row_number() OVER ()), 8, '0') AS uuid) AS task_id
-    FROM ev JOIN j ON j.dataset_version = ev.dataset_version
+    FROM docs AS d JOIN j ON j.dataset_version = d.dataset_version
 ), ins AS (
     INSERT INTO tasks (id, job_id, dedupe_key, status, attempt, claim_version, partitions,
                        input_versions, max_attempts, created_at, queued_at)
     SELECT task_id, job_id, dedupe_key, 'Queued', 1, 0,
            CASE WHEN partition_key IS NOT NULL THEN ARRAY[partition_key] END,
-           jsonb_build_object('inputs', jsonb_build_array(pinned || unit),
-                              'trigger_event_id', CAST(event_id AS text)),
-           max_attempts, :now, queued_at
+           input_versions, max_attempts, :now, queued_at
     FROM cand ORDER BY task_id
     ON CONFLICT (job_id, dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING
     RETURNING id
@@ -148,12 +157,13 @@ async def route_in_sql(
     built on the server, so no task id makes a round trip), and stores each
     event's outcome, in the caller's transaction.
     """
+    pins = {edge: n for n, edge in enumerate(dict.fromkeys(job.inputs[0] for job, _ in jobs), 1)}
     rows = [
         {
             "job_id": job.job_id.hex,
             "job_name": job.job_name,
             "dataset_version": job.inputs[0].dataset_version.hex,
-            "pinned": job.inputs[0].pinned,
+            "pin": pins[job.inputs[0]],
             "max_attempts": job.max_attempts,
             "queued_at": (now + timedelta(seconds=handicap)).isoformat(),
         }
@@ -168,6 +178,7 @@ async def route_in_sql(
             {
                 "ids": uuid_array(event_ids),
                 "not_current": uuid_array(not_current),
+                "pins": records_param([edge.pinned for edge in pins]),
                 "jobs": records_param(rows),
                 "id_prefix": id_block(),
                 "now": now,
