@@ -74,9 +74,10 @@ WITH ev AS (
                                         'start', e.range_start, 'end', e.range_end)
            END AS unit,
            coalesce(e.partition_key, 'cursor:' || e.cursor) AS input_key
-    FROM events e
-    WHERE e.id = ANY(CAST(:ids AS uuid[]))
-), docs AS (
+    FROM unnest(CAST(:ids AS uuid[])) AS s(id)
+    JOIN events e ON e.id = s.id
+    WHERE e.id = ANY(CAST(:ids AS uuid[]))  -- a primary-key lookup, not a join with every event
+), docs AS MATERIALIZED (  -- else inlined into cand: built once per task again
     SELECT ev.*, ARRAY(
         SELECT jsonb_build_object('inputs', jsonb_build_array(p.pinned || ev.unit),
                                   'trigger_event_id', CAST(ev.id AS text))
