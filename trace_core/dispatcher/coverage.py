@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING
 
@@ -41,7 +42,21 @@ async def record_coverage(
             (e.start, e.end) for e in batch if e.start is not None and e.end is not None
         )
         cursor = max((e.cursor for e in batch if isinstance(e.cursor, int)), default=None)
-        await fold(tx, version, batch[0].dataset_uuid, spans, cursor, len(batch), now)
+        await fold(tx, _Fold(version, batch[0].dataset_uuid, spans, cursor, len(batch), now))
+
+
+@dataclass(frozen=True)
+class _Fold:
+    """What one acceptance adds to one dataset version's progress row."""
+
+    version: uuid.UUID
+    dataset_uuid: uuid.UUID
+    spans: list[Range]
+    """Merged inclusive block ranges."""
+    cursor: int | None
+    """The highest integer cursor, if any."""
+    count: int
+    now: datetime
 
 
 # One round trip: insert the row or, row-locked by ON CONFLICT, merge into it.
@@ -73,38 +88,22 @@ ON CONFLICT (dataset_version) DO UPDATE SET
 )
 
 
-async def _fold_in_sql(
-    tx: SqlTransaction,
-    version: uuid.UUID,
-    dataset_uuid: uuid.UUID,
-    spans: list[Range],
-    cursor: int | None,
-    count: int,
-    now: datetime,
-) -> None:
+async def _fold_in_sql(tx: SqlTransaction, fold: _Fold) -> None:
     """Postgres: merge on the server (:data:`_FOLD`, multiranges: PostgreSQL 14+)."""
     await tx.connection.execute(
         _FOLD,
         {
-            "version": version,
-            "dataset_uuid": dataset_uuid,
-            "ranges": json.dumps(spans),
-            "max_cursor": cursor,
-            "events": count,
-            "now": now,
+            "version": fold.version,
+            "dataset_uuid": fold.dataset_uuid,
+            "ranges": json.dumps(fold.spans),
+            "max_cursor": fold.cursor,
+            "events": fold.count,
+            "now": fold.now,
         },
     )
 
 
-async def _fold_in_python(
-    tx: SqlTransaction,
-    version: uuid.UUID,
-    dataset_uuid: uuid.UUID,
-    spans: list[Range],
-    cursor: int | None,
-    count: int,
-    now: datetime,
-) -> None:
+async def _fold_in_python(tx: SqlTransaction, fold: _Fold) -> None:
     """SQLite: read the row, merge with :func:`merge_ranges`, write it back
     (in-process, the round trips cost nothing; SQLite has no range types)."""
     conn = tx.connection
@@ -112,28 +111,30 @@ async def _fold_in_python(
     await conn.execute(
         tx.insert(p)
         .values(
-            dataset_version=version,
-            dataset_uuid=dataset_uuid,
+            dataset_version=fold.version,
+            dataset_uuid=fold.dataset_uuid,
             ranges=[],
             max_cursor=None,
             events=0,
-            updated_at=now,
+            updated_at=fold.now,
         )
         .on_conflict_do_nothing()
     )
     ranges, max_cursor, events = (
         await conn.execute(
-            sa.select(p.c.ranges, p.c.max_cursor, p.c.events).where(p.c.dataset_version == version)
+            sa.select(p.c.ranges, p.c.max_cursor, p.c.events).where(
+                p.c.dataset_version == fold.version
+            )
         )
     ).one()
-    cursors = [c for c in (cursor, max_cursor) if c is not None]
+    cursors = [c for c in (fold.cursor, max_cursor) if c is not None]
     await conn.execute(
         sa.update(p)
-        .where(p.c.dataset_version == version)
+        .where(p.c.dataset_version == fold.version)
         .values(
-            ranges=[list(r) for r in merge_ranges([*(ranges or ()), *spans])],
+            ranges=[list(r) for r in merge_ranges([*(ranges or ()), *fold.spans])],
             max_cursor=max(int(c) for c in cursors) if cursors else None,
-            events=int(events) + count,
-            updated_at=now,
+            events=int(events) + fold.count,
+            updated_at=fold.now,
         )
     )

@@ -26,7 +26,13 @@ from datetime import datetime, timedelta
 import sqlalchemy as sa
 
 from trace_core.dispatcher.topology import Dependent, InputEdge
-from trace_core.storage.bulk import id_block, records_param, unprepared, uuid_array
+from trace_core.storage.bulk import (
+    id_block,
+    records_param,
+    unprepared,
+    uuid_array,
+    wakeup_rows_sql,
+)
 from trace_core.storage.protocol import NewOutboxRow, TaskWakeup
 from trace_core.storage.sql import SqlTransaction
 
@@ -126,14 +132,9 @@ WITH ev AS (
     FROM ev LEFT JOIN outcome ON outcome.event_id = ev.id
     WHERE events.id = ev.id
 ), wake AS (
-    INSERT INTO outbox (kind, payload, status, available_at, attempts, claim_version,
-                        max_attempts, created_at)
-    SELECT :wake_kind, jsonb_build_object('task_ids', jsonb_agg(CAST(task_id AS text))),
-           'Pending', :now, 0, 0, :wake_attempts, :now
-    FROM (SELECT task_id, (row_number() OVER (ORDER BY task_id) - 1) / :wake_chunk AS chunk
-          FROM made) AS woken
-    WHERE CAST(:wake_kind AS text) IS NOT NULL
-    GROUP BY chunk
+    """
+    + wakeup_rows_sql("made", "task_id")
+    + """
 )
 SELECT (SELECT count(*) FROM made), (SELECT count(*) FROM cand)
 """

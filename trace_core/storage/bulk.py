@@ -24,7 +24,15 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-__all__ = ["bulk_insert", "id_block", "json_records", "records_param", "unprepared", "uuid_array"]
+__all__ = [
+    "bulk_insert",
+    "id_block",
+    "json_records",
+    "records_param",
+    "unprepared",
+    "uuid_array",
+    "wakeup_rows_sql",
+]
 
 
 def _default(value: object) -> object:
@@ -119,3 +127,23 @@ async def unprepared(conn: AsyncConnection) -> AsyncIterator[None]:
         yield
     finally:
         driver.prepare_threshold = threshold  # type: ignore[union-attr]
+
+
+def wakeup_rows_sql(source: str, id_column: str) -> str:
+    """``INSERT INTO outbox`` of the wake-up rows for the task ids in ``source``.
+
+    ``:wake_chunk`` ids per ``{"task_ids": [...]}`` row, of kind ``:wake_kind``
+    (no rows when it is NULL), with ``:wake_attempts`` attempts, created at
+    ``:now`` — for a CTE of a statement that creates the tasks itself, so no
+    task id makes a round trip. ``source`` and ``id_column`` are SQL names of
+    the calling statement, never input.
+    """
+    return f"""INSERT INTO outbox (kind, payload, status, available_at, attempts, claim_version,
+                    max_attempts, created_at)
+SELECT CAST(:wake_kind AS text),
+       jsonb_build_object('task_ids', jsonb_agg(CAST({id_column} AS text))),
+       'Pending', :now, 0, 0, :wake_attempts, :now
+FROM (SELECT {id_column}, (row_number() OVER (ORDER BY {id_column}) - 1) / :wake_chunk AS chunk
+      FROM {source}) AS woken
+WHERE CAST(:wake_kind AS text) IS NOT NULL
+GROUP BY chunk"""

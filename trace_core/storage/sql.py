@@ -18,7 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from trace_core.errors import ConfigurationError
 from trace_core.model import Fence, ItemState, Lease, QueueSpec
 from trace_core.storage import schema
-from trace_core.storage.bulk import bulk_insert, records_param
+from trace_core.storage.bulk import bulk_insert, records_param, wakeup_rows_sql
 from trace_core.storage.engine import SQLITE_BEGIN, EngineSettings, create_engine
 from trace_core.storage.protocol import (
     IdempotencyRecord,
@@ -434,7 +434,12 @@ class SqlTransaction:
         if wakeup is None:
             found = await self._fetch(_insert_tasks(tuple(rows[0])), params)
         else:
-            params |= {"w_now": now, "w_kind": wakeup.outbox_kind}
+            params |= {
+                "now": now,
+                "wake_kind": wakeup.outbox_kind,
+                "wake_chunk": wakeup.chunk,
+                "wake_attempts": NewOutboxRow.max_attempts,
+            }
             found = await self._fetch(_insert_and_wake(tuple(rows[0]), wakeup), params)
             self.channels.update(wakeup.channels)
             self.notified.update(wakeup.channels)
@@ -567,41 +572,23 @@ def _insert_and_wake(names: tuple[str, ...], wakeup: TaskWakeup) -> sa.Select[An
     """Postgres: insert tasks, write their wake-up row and notify, in ONE statement.
 
     ``WITH ins AS (INSERT … RETURNING id), wake AS (INSERT INTO outbox … FROM
-    ins HAVING count(*) > 0), note AS (SELECT pg_notify(…) WHERE EXISTS ins)
-    SELECT ins.id, (SELECT count(*) FROM note) FROM ins``: one round trip
-    instead of five (BEGIN, tasks, outbox, NOTIFY, COMMIT) when run in
-    autocommit — the enqueue half of enqueue-to-claim latency.
+    ins), note AS (SELECT pg_notify(…) WHERE EXISTS ins) SELECT ins.id, (SELECT
+    count(*) FROM note) FROM ins``: one round trip instead of five (BEGIN,
+    tasks, outbox, NOTIFY, COMMIT) when run in autocommit — the enqueue half
+    of enqueue-to-claim latency. The wake-up rows are routing's
+    (:func:`~trace_core.storage.bulk.wakeup_rows_sql`).
     """
-    o = schema.outbox
     ins = _insert_tasks(names).cte("ins")
-    query = sa.select(ins.c.id)
+    # Added first so that it is rendered before the textual CTE reading it.
+    query = sa.select(ins.c.id).add_cte(ins)
     if wakeup.outbox_kind is not None:
-        now = sa.bindparam("w_now", type_=o.c.created_at.type)
-        payload = sa.func.jsonb_build_object(
-            "task_ids", sa.func.jsonb_agg(sa.cast(ins.c.id, sa.Text()))
+        wake = (
+            sa.text(wakeup_rows_sql("ins", "id"))
+            .bindparams(sa.bindparam("now", type_=schema.outbox.c.created_at.type))
+            .columns()
+            .cte("wake")
         )
-        rows = sa.select(
-            sa.bindparam("w_kind", type_=sa.Text()),
-            payload,
-            sa.literal("Pending"),
-            now,
-            sa.literal(0),
-            sa.literal(0),
-            sa.literal(10),
-            now,
-        ).having(sa.func.count() > 0)
-        columns = [
-            "kind",
-            "payload",
-            "status",
-            "available_at",
-            "attempts",
-            "claim_version",
-            "max_attempts",
-            "created_at",
-        ]
-        wake = postgresql.insert(o).from_select(columns, rows.select_from(ins)).returning(o.c.id)
-        query = query.add_cte(wake.cte("wake"))
+        query = query.add_cte(wake)
     if wakeup.channels:
         note = (
             sa.select(*(sa.func.pg_notify(ch, "") for ch in sorted(wakeup.channels)))
