@@ -146,9 +146,9 @@ class SqlTransaction:
                 claim_version=row[2],
                 lease_token=row[3],
                 worker_id=worker_id,
-                expires_at=row[4],
-                max_attempts=row[5],
-                data=dict(zip(data_keys, row[6:], strict=True)),
+                expires_at=expires_at,
+                max_attempts=row[4],
+                data=dict(zip(data_keys, row[5:], strict=True)),
             )
             for row in rows
         ]
@@ -231,9 +231,10 @@ class SqlTransaction:
         if not fences:
             return set()
         stmt = self._stmts.complete_many(queue, frozenset(sources))
-        params = self._stmts.fence_batch(fences) | {"now": now}
+        params, ids = self._stmts.fence_batch(fences)
         with translate_errors(f"complete {queue.name}"):
-            return {row[0] for row in await self._fetch(stmt, params)}
+            rows = await self._fetch(stmt, params | {"now": now})
+        return {row[0] for row in rows} if ids is None else {ids[row[0]] for row in rows}
 
     async def fail(
         self,
