@@ -161,7 +161,8 @@ async def _floor(url: str, params: LatencyParams) -> dict[str, Any]:
     probes = {"select_ms": "SELECT 1", "durable_insert_ms": "INSERT INTO trace_floor VALUES (1)"}
     out: dict[str, Any] = {}
     async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as conn:
-        await conn.execute("CREATE TEMP TABLE trace_floor (x int)")
+        # A regular table: a temporary one writes no WAL, so its commit flushes nothing.
+        await conn.execute("CREATE TABLE trace_floor (x int)")
         for key, sql in probes.items():
             times: list[float] = []
             for _ in range(params.samples + _WARMUP):
