@@ -153,11 +153,7 @@ async def _floor(url: str, params: LatencyParams) -> dict[str, Any]:
 
     from trace_core.storage.url import parse_database_url
 
-    conninfo = (
-        parse_database_url(url)
-        .sync_url.set(drivername="postgresql")
-        .render_as_string(hide_password=False)
-    )
+    conninfo = parse_database_url(url).conninfo()
     probes = {"select_ms": "SELECT 1", "durable_insert_ms": "INSERT INTO trace_floor VALUES (1)"}
     out: dict[str, Any] = {}
     async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as conn:

@@ -51,7 +51,8 @@ class _Compiled:
     """Values SQLAlchemy bound inside the statement (``attempt + 1`` …)."""
     binds: Mapping[str, Processor]
     """Bind processors of the caller's parameters (naive datetimes refused …)."""
-    results: tuple[Processor | None, ...]
+    results: tuple[Processor | None, ...] | None
+    """Result processors by column; ``None`` when no column has one."""
 
     def parameters(self, params: Mapping[str, Any]) -> dict[str, Any]:
         out = dict(self.literals)
@@ -61,9 +62,9 @@ class _Compiled:
         return out
 
     def rows(self, raw: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
-        if not any(self.results):
-            return raw
         procs = self.results
+        if procs is None:
+            return raw
         return [
             tuple(v if p is None else p(v) for p, v in zip(procs, row, strict=True)) for row in raw
         ]
@@ -89,7 +90,7 @@ def _compile(stmt: sa.Executable, dialect: Dialect) -> _Compiled:
                 binds[name] = processor
     columns = getattr(stmt, "exported_columns", ())
     results = tuple(c.type.dialect_impl(dialect).result_processor(dialect, None) for c in columns)
-    return _Compiled(compiled.string, literals, binds, results)
+    return _Compiled(compiled.string, literals, binds, results if any(results) else None)
 
 
 class DirectPool:
@@ -101,9 +102,7 @@ class DirectPool:
     """
 
     def __init__(self, url: DatabaseURL, dialect: Dialect, *, max_idle: int) -> None:
-        self._conninfo = url.sync_url.set(drivername="postgresql").render_as_string(
-            hide_password=False
-        )
+        self._conninfo = url.conninfo()
         self._dialect = dialect
         self._max_idle = max_idle
         self._idle: list[psycopg.AsyncConnection[Any]] = []

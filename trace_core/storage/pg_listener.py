@@ -30,9 +30,7 @@ class PgListener:
     """One listening connection per repository, shared by all its waiters."""
 
     def __init__(self, url: DatabaseURL, hub: WakeupHub) -> None:
-        self._conninfo = url.sync_url.set(drivername="postgresql").render_as_string(
-            hide_password=False
-        )
+        self._conninfo = url.conninfo()
         self._hub = hub
         self._wanted: set[str] = set()
         self._active: dict[str, threading.Event] = {}

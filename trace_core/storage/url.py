@@ -36,6 +36,11 @@ class DatabaseURL:
         """The URL with any password masked, for logs and messages."""
         return self.sync_url.render_as_string(hide_password=True)
 
+    def conninfo(self) -> str:
+        """Postgres: the URL psycopg connects with directly (password included;
+        never log it)."""
+        return self.sync_url.set(drivername="postgresql").render_as_string(hide_password=False)
+
 
 def parse_database_url(raw: str | URL) -> DatabaseURL:
     """Validate ``raw`` and derive the async (runtime) and sync (migration) URLs.
