@@ -10,12 +10,20 @@ through the public API:
 - accept: ``EventGateway.accept`` in requests of ``batch`` events, from the
   source's attempt (each request is one transaction that stores the new
   events, advances coverage and writes ``route_event`` outbox rows);
-- route: ``OutboxRelay.run_once`` until nothing is claimable, with the
-  router's ``route_event`` handler (and a no-op ``enqueue_task`` handler when
-  wake-up rows are drained too).
+- route: ``OutboxRelay`` with the router's ``route_event`` handler (and a
+  no-op ``enqueue_task`` handler when wake-up rows are drained too).
+
+By default the phases run one after the other: every request, then
+``run_once`` until nothing is claimable. ``overlap`` runs them as a running
+Dispatcher does: the relay's service loop routes while the requests come in
+(woken by their commits), and after the last request ``run_once`` drains what
+is left; ``route_seconds`` is then that tail. Either way ``seconds`` runs from
+the first request to the last task written.
 
 The result is checked against the tasks table: exactly one task per distinct
-partition and dependent.
+partition and dependent. On Postgres each run is followed by its floor
+(:mod:`benchmarks._routing_floor`) on another fresh database: the bare writes
+of the same task rows, whose time bounds ``events_per_s`` from above.
 """
 
 from __future__ import annotations
@@ -43,6 +51,7 @@ from benchmarks._common import (
     percentile,
     server_cpu_s,
 )
+from benchmarks._routing_floor import write_floor
 from trace_core.clock import SystemClock
 from trace_core.dag import DeployResult, deploy, parse_dag
 from trace_core.dispatcher.events import ROUTE_EVENT, DatasetEvent, EventGateway, Producer
@@ -81,6 +90,10 @@ class RoutingParams:
     """cProfile the timed phases into this file."""
     trace_sql: bool = False
     """Count and time every statement (per phase) and log the table."""
+    overlap: bool = False
+    """Route while accepting (the relay's service loop runs), as a Dispatcher does."""
+    floor: bool = True
+    """Postgres: measure the floor (the bare task writes) after the run."""
 
 
 def build_dag(dependents: int) -> str:
@@ -265,9 +278,7 @@ async def _run(
     if trace is not None:
         trace.attach(repo)
     try:
-        deployed = await deploy(
-            repo, parse_dag(build_dag(params.dependents), file="bench.yaml"), clock=SystemClock()
-        )
+        deployed = await _deploy(repo, params)
         tasks = TaskQueue(repo)
         producer = await _start_source(tasks, deployed)
         pointer = deployed.datasets[DATASET]
@@ -297,12 +308,17 @@ async def _run(
         cpu0 = time.process_time()
         started = time.perf_counter()
         with trace.in_phase("accept") if trace is not None else _nothing():
-            for k in range(0, len(events), params.batch):
-                t0 = time.perf_counter()
-                result = await gateway.accept(events[k : k + params.batch], producer=producer)
-                request_ms.append((time.perf_counter() - t0) * 1000)
-                new += result.new
-        accepted = time.perf_counter()
+            async with anyio.create_task_group() as tg:
+                if params.overlap:
+                    await relay.start(tg)
+                for k in range(0, len(events), params.batch):
+                    t0 = time.perf_counter()
+                    result = await gateway.accept(events[k : k + params.batch], producer=producer)
+                    request_ms.append((time.perf_counter() - t0) * 1000)
+                    new += result.new
+                accepted = time.perf_counter()
+                if params.overlap:
+                    await relay.stop()
         rounds = 0
         with trace.in_phase("route") if trace is not None else _nothing():
             # Rows only, not a poll loop: everything is claimable at once, so the
@@ -335,6 +351,31 @@ async def _run(
         "server_cpu_s": None if server is None else round(server, 2),
         **counts,
     }
+
+
+async def _deploy(repo: SqlRepository, params: RoutingParams) -> DeployResult:
+    return await deploy(
+        repo, parse_dag(build_dag(params.dependents), file="bench.yaml"), clock=SystemClock()
+    )
+
+
+async def _floor(url: str, params: RoutingParams, postmaster: int | None) -> dict[str, Any]:
+    repo = SqlRepository(url)
+    try:
+        deployed = await _deploy(repo, params)
+        pointer = deployed.datasets[DATASET]
+        return await write_floor(
+            repo,
+            jobs=[job for name, job in deployed.jobs.items() if name != SOURCE_JOB],
+            dataset=pointer.dataset_uuid,
+            version=pointer.dataset_version,
+            units=params.events,
+            span=params.block_span,
+            parts=params.relay_concurrency,
+            postmaster=postmaster,
+        )
+    finally:
+        await repo.close()
 
 
 async def _touch(repo: SqlRepository) -> None:
@@ -398,8 +439,21 @@ def run_routing(
         "server_cpu_s": out["server_cpu_s"],
         "wakeups": "drained" if params.drain_wakeups else "left_pending",
         "outbox": out["outbox"],
+        "overlap": params.overlap,
         "load_avg_1m": load,
     }
+    if params.floor and dbs.engine == "postgres":
+        floor_url = dbs.fresh(f"routingfloor{run}")
+        floor = anyio.run(_floor, floor_url, params, dbs.postmaster, backend="asyncio")
+        dbs.drop(floor_url)
+        ceiling = out["events"] / floor["seconds"]
+        row |= {
+            "floor_seconds": round(floor["seconds"], 3),
+            "floor_server_cpu_s": floor["server_cpu_s"],
+            "floor_rows_ok": floor["rows"] == expected,
+            "events_per_s_ceiling": round(ceiling, 1),
+            "share_of_ceiling": round(row["events_per_s"] / ceiling, 3),
+        }
     emit(row)
     if trace is not None:
         for entry in trace.table():

@@ -8,10 +8,19 @@ Each run deploys a DAG (one source job producing the partitioned dataset
 fresh database, claims the source's run task, and times accepting the
 events (``--events`` distinct ``{start}-{end}`` partitions of 100 blocks plus
 ``--duplicates`` x as many resampled duplicates, shuffled with a fixed seed)
-through ``EventGateway.accept`` in requests of ``--batch``, then draining the
+through ``EventGateway.accept`` in requests of ``--batch``, and draining the
 outbox through ``OutboxRelay`` with the router's ``route_event`` handler (and
 a no-op ``enqueue_task`` handler, unless ``--leave-wakeups``). ``events`` and
-``events_per_s`` count the duplicates; ``seconds`` = accept + route.
+``events_per_s`` count the duplicates; ``seconds`` runs from the first
+request to the last task written. By default every event is accepted, then
+routed; ``--overlap`` routes while the requests come in, as in a running
+Dispatcher (a redelivery of an event being routed then waits for that
+routing to commit: the router holds the event's row lock).
+
+On Postgres each run is followed by its floor: the same task and
+``task_inputs`` rows written bare, by ``INSERT ... SELECT`` on the server (no
+events, no routing); ``events_per_s_ceiling`` = events / that time is what no
+routing code can pass on this machine (``--no-floor`` skips it).
 
 One JSON object per run on stdout (one line each), then a summary object
 with medians; logs go to stderr. The run fails (exit status 1) unless the
@@ -43,6 +52,9 @@ _KEYS = (
     "accept_ms_p95",
     "client_cpu_s",
     "server_cpu_s",
+    "floor_seconds",
+    "events_per_s_ceiling",
+    "share_of_ceiling",
 )
 
 
@@ -66,6 +78,14 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--relay-batch", type=int, default=10, help="RelayConfig.batch_size")
     p.add_argument("--relay-concurrency", type=int, default=5, help="RelayConfig.concurrency")
+    p.add_argument(
+        "--overlap",
+        action="store_true",
+        help="route while accepting, as a running Dispatcher does (default: accept, then route)",
+    )
+    p.add_argument(
+        "--no-floor", action="store_true", help="Postgres: skip the floor (bare task writes)"
+    )
     p.add_argument("--profile", metavar="FILE", help="cProfile the timed phases of run 0")
     p.add_argument(
         "--trace-sql",
@@ -103,6 +123,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 relay_concurrency=args.relay_concurrency,
                 profile_path=args.profile if run == 0 else None,
                 trace_sql=args.trace_sql,
+                overlap=args.overlap,
+                floor=not args.no_floor,
             )
             rows.append(run_routing(dbs, params, run, emit))
     emit(

@@ -43,6 +43,26 @@ def test_routing_benchmark_counts_every_task(
 
     assert summary["summary"] is True and summary["all_verified"] is True
     assert summary["median_events_per_s"] == run["events_per_s"]
+    assert run["overlap"] is False
+    if engine == "postgres":
+        # the floor: the same task rows written bare on a fresh database
+        assert run["floor_rows_ok"] is True
+        assert run["events_per_s_ceiling"] == pytest.approx(
+            run["events"] / run["floor_seconds"], rel=0.01
+        )
+    else:
+        assert "floor_seconds" not in run
+
+
+def test_routing_while_accepting_counts_every_task(
+    engine: str, database_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--overlap``: the relay's service loop routes while the requests come in."""
+    assert main(["--engine", engine, "--db", database_url, *ARGS, "--overlap", "--no-floor"]) == 0
+    run, _ = _lines(capsys.readouterr().out)
+    assert run["overlap"] is True and run["verified"] is True
+    assert run["tasks_created"] == EVENTS * DEPENDENTS
+    assert "floor_seconds" not in run
 
 
 def test_routing_benchmark_fails_on_a_wrong_task_count(

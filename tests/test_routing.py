@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import random
+import time
 import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
+import anyio
 import pytest
 import sqlalchemy as sa
 
+from tests.factories import wait_until
 from trace_core.clock import ManualClock
 from trace_core.dag import DeployResult, deploy, parse_dag
 from trace_core.dispatcher.events import DatasetEvent, EventGateway, Producer, parse_events
@@ -18,7 +23,7 @@ from trace_core.model import Fence
 from trace_core.outbox import OutboxRelay
 from trace_core.storage import schema
 from trace_core.storage.protocol import NewTask
-from trace_core.storage.sql import SqlRepository
+from trace_core.storage.sql import SqlRepository, SqlTransaction
 from trace_core.tasks import TaskQueue
 
 pytestmark = pytest.mark.anyio
@@ -467,3 +472,84 @@ async def test_routing_without_wakeup_rows_writes_none(
             )
         ).scalar_one()
     assert after == before  # the source's run task was woken before; routing woke none
+
+
+# --- lock order between accepting and routing (Postgres row locks) ---------------
+
+
+@asynccontextmanager
+async def _holding(repo: SqlRepository, event_id: uuid.UUID) -> AsyncIterator[SqlTransaction]:
+    """A transaction holding ``event_id``'s row lock, as an accept or a routing does."""
+    e = schema.events
+    async with repo.transaction() as tx:
+        await tx.connection.execute(sa.select(e.c.id).where(e.c.id == event_id).with_for_update())
+        yield tx
+
+
+async def _lock_waiters(repo: SqlRepository) -> int:
+    async with repo.read() as tx:
+        query = sa.text(
+            "SELECT count(*) FROM pg_stat_activity "
+            "WHERE wait_event_type = 'Lock' AND datname = current_database()"
+        )
+        return int((await tx.connection.execute(query)).scalar_one())
+
+
+async def _wait_for_lock_waiter(repo: SqlRepository) -> None:
+    await wait_until(
+        "a statement waiting on a row lock",
+        lambda: _lock_waiters(repo),
+        time.monotonic() + 30,
+        describe=lambda: "no backend waits on a lock",
+    )
+
+
+async def _lock_nowait(tx: SqlTransaction, event_id: uuid.UUID) -> None:
+    """Take ``event_id``'s row lock at once; raises if another transaction holds it."""
+    e = schema.events
+    query = sa.select(e.c.id).where(e.c.id == event_id).with_for_update(nowait=True)
+    await tx.connection.execute(query)
+
+
+def _in_key_order(world: World) -> tuple[DatasetEvent, DatasetEvent]:
+    a, b = world.partition("blocks", 0, 99), world.partition("blocks", 100, 199)
+    first, second = sorted([a, b], key=lambda ev: (ev.dataset_version, ev.unit_key))
+    return first, second
+
+
+async def test_a_redelivery_waits_for_the_lock_order_not_its_own(
+    world: World, repo: SqlRepository
+) -> None:
+    """Redeliveries are upserted in unique-key order, however they arrive: an
+    accept blocked on the first event holds no lock on the second, so a
+    routing that locked the first can take the second too (no deadlock)."""
+    if repo.engine_name != "postgres":
+        pytest.skip("row locks: SQLite has one writer at a time")
+    first, second = _in_key_order(world)
+    first_id, second_id = await world.emit([first, second])
+    async with anyio.create_task_group() as tg, _holding(repo, first_id) as router:
+        tg.start_soon(world.emit, [second, first])  # arrives in the other order
+        await _wait_for_lock_waiter(repo)
+        await _lock_nowait(router, second_id)  # the accept did not take it first
+    e = schema.events
+    async with repo.read() as tx:
+        deliveries = (
+            await tx.connection.execute(sa.select(e.c.deliveries).order_by(e.c.unit_key))
+        ).scalars()
+        assert list(deliveries) == [2, 2]
+
+
+async def test_routing_locks_its_events_in_the_accept_order(
+    world: World, repo: SqlRepository
+) -> None:
+    """A routing blocked on the first event (an accept holds it) holds no lock
+    on the second: the accept can go on to lock it, as its key order says."""
+    if repo.engine_name != "postgres":
+        pytest.skip("row locks: SQLite has one writer at a time")
+    first, second = _in_key_order(world)
+    second_id, first_id = await world.emit([second, first])
+    async with anyio.create_task_group() as tg, _holding(repo, first_id) as accept:
+        tg.start_soon(world.route_all)
+        await _wait_for_lock_waiter(repo)
+        await _lock_nowait(accept, second_id)
+    assert len(await world.tasks_of("per_update")) == 2

@@ -33,6 +33,7 @@ from trace_core.storage import schema
 from trace_core.storage.bulk import bulk_insert, id_block, records_param
 from trace_core.storage.protocol import NewOutboxRow, Repository, Transaction, within
 from trace_core.storage.sql import SqlTransaction, as_sql
+from trace_core.storage.sql_errors import translate_errors
 
 __all__ = [
     "ROUTE_EVENT",
@@ -210,6 +211,13 @@ class EventGateway:
         """
         if not events:
             return AcceptResult([], 0, 0)
+        # A deadlock or a lost connection is DatabaseUnavailable: retryable (503).
+        with translate_errors("accept events"):
+            return await self._accept(events, producer, tx)
+
+    async def _accept(
+        self, events: Sequence[DatasetEvent], producer: Producer | None, tx: Transaction | None
+    ) -> AcceptResult:
         async with within(self.repo, tx) as t:
             st = as_sql(t)
             conn = st.connection
@@ -329,7 +337,10 @@ async def _upsert_events(
             "tasks_created": 0,
             "tasks_existing": 0,
         }
-        for n, ev in enumerate(unique.values())
+        # In unique-key order: the router locks the events it routes in this
+        # order too (``routing._pending``), so an accept that counts a
+        # redelivery of an event being routed waits instead of deadlocking.
+        for n, (_, ev) in enumerate(sorted(unique.items()))
     ]
     if pg:
         insert = bulk_insert(e, list(rows[0]))

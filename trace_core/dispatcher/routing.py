@@ -385,12 +385,14 @@ async def _pending(conn: AsyncConnection, event_ids: Sequence[uuid.UUID]) -> lis
         wanted = e.c.id == sa.func.any(ids)
     else:
         wanted = e.c.id.in_(list(event_ids))
-    rows = await conn.execute(
-        _select_events()
-        .where(wanted, e.c.route_status == "pending")
-        .order_by(e.c.received_at, e.c.id)
-    )
-    return [_Event(*row) for row in rows]
+    query = _select_events().where(wanted, e.c.route_status == "pending")
+    if conn.dialect.name == "postgresql":
+        # Locked in unique-key order, the order an accept upserts them in
+        # (bytewise, as Python sorts them): an accept counting a redelivery of
+        # one of them waits for this routing instead of deadlocking with it.
+        query = query.order_by(e.c.dataset_version, e.c.unit_key.collate("C")).with_for_update()
+    events = [_Event(*row) for row in await conn.execute(query)]
+    return sorted(events, key=lambda ev: (ev.received_at, ev.id))
 
 
 async def _input_versions_of(conn: AsyncConnection, job_ids: set[uuid.UUID]) -> set[uuid.UUID]:
