@@ -34,23 +34,24 @@ __all__ = ["write_floor"]
 _FLOOR = sa.text(
     """
 WITH j AS (
-    SELECT id AS job_id, row_number() OVER (ORDER BY id) AS n
-    FROM jobs WHERE id = ANY(CAST(:jobs AS uuid[]))
-), u AS (
-    SELECT g * :span AS first, g * :span + :span - 1 AS last,
-           (g * :span) || '-' || (g * :span + :span - 1) AS partition_key
-    FROM generate_series(:lo, :hi - 1) AS g
+    SELECT id AS job_id FROM jobs WHERE id = ANY(CAST(:jobs AS uuid[]))
+), u AS MATERIALIZED (  -- per unit, as routing builds them per event, not per task
+    SELECT p.partition_key,
+           'partition:' || :dataset || ':' || :version || ':' || p.partition_key AS dedupe_key,
+           jsonb_build_object(
+               'inputs', jsonb_build_array(jsonb_build_object(
+                   'dataset_uuid', :dataset, 'dataset_version', :version,
+                   'partition_key', p.partition_key, 'start', p.first, 'end', p.last)),
+               'trigger_event_id', CAST(CAST(:prefix || '00000000' AS uuid) AS text)
+           ) AS input_versions
+    FROM (SELECT g * :span AS first, g * :span + :span - 1 AS last,
+                 (g * :span) || '-' || (g * :span + :span - 1) AS partition_key
+          FROM generate_series(:lo, :hi - 1) AS g) AS p
 ), ins AS (
     INSERT INTO tasks (id, job_id, dedupe_key, status, attempt, claim_version, partitions,
                        input_versions, max_attempts, created_at, queued_at)
     SELECT CAST(:prefix || lpad(to_hex(row_number() OVER ()), 8, '0') AS uuid), j.job_id,
-           'partition:' || :dataset || ':' || :version || ':' || u.partition_key,
-           'Queued', 1, 0, ARRAY[u.partition_key],
-           jsonb_build_object(
-               'inputs', jsonb_build_array(jsonb_build_object(
-                   'dataset_uuid', :dataset, 'dataset_version', :version,
-                   'partition_key', u.partition_key, 'start', u.first, 'end', u.last)),
-               'trigger_event_id', CAST(CAST(:prefix || '00000000' AS uuid) AS text)),
+           u.dedupe_key, 'Queued', 1, 0, ARRAY[u.partition_key], u.input_versions,
            3, :now, :now
     FROM u CROSS JOIN j
     ORDER BY 1
