@@ -1,10 +1,12 @@
-"""Async engines with the per-engine settings the ownership protocol relies on.
+"""Engines with the per-engine settings the ownership protocol relies on.
 
 SQLite: WAL (readers never block the writer), a busy timeout (writers from
 other processes wait instead of failing at once), foreign keys on, and
 ``BEGIN IMMEDIATE`` for write transactions so the write lock is taken at the
 start rather than upgraded mid-transaction (the upgrade is what deadlocks and
-produces huey's ``database is locked``). Postgres: psycopg, READ COMMITTED.
+produces huey's ``database is locked``); the same settings on the async
+engine and on the sync one of statement scopes
+(:mod:`~trace_core.storage.sqlite_direct`). Postgres: psycopg, READ COMMITTED.
 """
 
 from __future__ import annotations
@@ -19,7 +21,12 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from trace_core.errors import ConfigurationError
 from trace_core.storage.url import DatabaseURL
 
-__all__ = ["EngineSettings", "create_engine"]
+__all__ = [
+    "EngineSettings",
+    "configure_sqlite",
+    "create_engine",
+    "create_sqlite_sync_engine",
+]
 
 # Execution option read by the "begin" hook: which BEGIN a SQLite
 # transaction starts with. Writes take the lock up front; reads do not.
@@ -74,9 +81,35 @@ def _sqlite_engine(url: DatabaseURL, settings: EngineSettings) -> AsyncEngine:
         pool_size=settings.pool_size,
         max_overflow=settings.max_overflow,
     )
-    sync_engine = engine.sync_engine
+    configure_sqlite(engine.sync_engine, settings)
+    return engine
 
-    @event.listens_for(sync_engine, "connect")
+
+def create_sqlite_sync_engine(url: DatabaseURL, settings: EngineSettings) -> sa.Engine:
+    """A synchronous pysqlite engine on the same file, with the same settings,
+    whose connections may be used from any thread, one thread at a time
+    (:mod:`~trace_core.storage.sqlite_direct` runs them on worker threads)."""
+    engine = sa.create_engine(
+        url.sync_url,
+        connect_args={
+            "timeout": settings.sqlite_busy_timeout_ms / 1000,
+            # Successive statements of one scope may run on different worker
+            # threads; the scope never lets two use a connection at once.
+            "check_same_thread": False,
+        },
+        poolclass=sa.pool.QueuePool,
+        pool_size=settings.pool_size,
+        max_overflow=settings.max_overflow,
+    )
+    configure_sqlite(engine, settings)
+    return engine
+
+
+def configure_sqlite(engine: sa.Engine, settings: EngineSettings) -> None:
+    """Install the connection settings and the ``BEGIN`` of every SQLite engine
+    (the async engine's sync core, or a sync engine of the same file)."""
+
+    @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:
         # Let us issue BEGIN ourselves (pysqlite's implicit BEGIN is deferred).
         dbapi_conn.isolation_level = None
@@ -87,9 +120,7 @@ def _sqlite_engine(url: DatabaseURL, settings: EngineSettings) -> AsyncEngine:
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.close()
 
-    @event.listens_for(sync_engine, "begin")
+    @event.listens_for(engine, "begin")
     def _on_begin(conn: sa.Connection) -> None:
         mode = conn.get_execution_options().get(SQLITE_BEGIN, "IMMEDIATE")
         conn.exec_driver_sql(f"BEGIN {mode}")
-
-    return engine

@@ -35,6 +35,7 @@ from trace_core.wakeup import Subscription, WakeupHub
 
 if TYPE_CHECKING:
     from trace_core.storage.pg_direct import DirectPool
+    from trace_core.storage.sqlite_direct import DirectScope, SqliteDirect
 
 __all__ = ["SqlRepository", "SqlTransaction", "as_sql"]
 
@@ -56,6 +57,8 @@ class SqlTransaction:
     SQLAlchemy connection up front: the protocol's reused statements run on
     the driver directly (:class:`~trace_core.storage.pg_direct.DirectPool`),
     and one autocommit connection is opened only if another statement needs it.
+    In a SQLite one, every statement runs in the scope's write transaction on
+    a sync connection (:class:`~trace_core.storage.sqlite_direct.DirectScope`).
     """
 
     def __init__(
@@ -64,10 +67,12 @@ class SqlTransaction:
         repo: SqlRepository,
         *,
         direct: DirectPool | None = None,
+        sqlite: DirectScope | None = None,
     ) -> None:
         self._conn = conn
         self._repo = repo
         self._direct = direct
+        self._sqlite = sqlite
         self.engine_name: str = repo.engine_name
         self._stmts = repo.statements
         self.channels: set[str] = set()
@@ -78,7 +83,7 @@ class SqlTransaction:
     def connection(self) -> AsyncConnection:
         """The SQLAlchemy connection, for tests and adapters that add their own
         tables to the same transaction (e.g. a completion ledger)."""
-        if self._direct is not None or self._conn is None:
+        if self._direct is not None or self._sqlite is not None or self._conn is None:
             raise ConfigurationError(
                 "a statement() scope runs the protocol's statements only; "
                 "use SqlRepository.autocommit() or transaction() for other SQL"
@@ -99,7 +104,11 @@ class SqlTransaction:
         return rows
 
     async def _execute(self, stmt: sa.Executable, params: Any = None) -> Any:
-        """``stmt`` through SQLAlchemy (any statement)."""
+        """``stmt`` through SQLAlchemy (any statement). In a SQLite statement
+        scope its rows come back already fetched
+        (:class:`~trace_core.storage.sqlite_direct.BufferedResult`)."""
+        if self._sqlite is not None:
+            return await self._sqlite.execute(stmt, params)
         conn = await self._connection()
         return await conn.execute(stmt, params)
 
@@ -626,12 +635,17 @@ class SqlRepository:
         self._write_lock = anyio.Lock() if self.engine_name == "sqlite" else None
         self._listener: Any = None
         self._direct: DirectPool | None = None
+        self._sqlite: SqliteDirect | None = None
         if self.engine_name == "postgres":
             from trace_core.storage.pg_direct import DirectPool as Direct
 
             self._direct = Direct(
                 self.url, self.engine.dialect, max_idle=(settings or EngineSettings()).pool_size
             )
+        else:
+            from trace_core.storage.sqlite_direct import SqliteDirect as Sqlite
+
+            self._sqlite = Sqlite(self.url, settings or EngineSettings())
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[SqlTransaction]:
@@ -648,8 +662,14 @@ class SqlRepository:
         """For one statement that is atomic by itself (a batch claim, a batch
         completion, a heartbeat). Postgres: autocommit, sparing the BEGIN and
         COMMIT round trips, with the protocol's statements run on the driver
-        directly (:mod:`~trace_core.storage.pg_direct`); ``tx.connection`` is
-        not available there (see :meth:`autocommit`). SQLite: a write transaction."""
+        directly (:mod:`~trace_core.storage.pg_direct`). SQLite: a write
+        transaction whose statements each take one thread hop
+        (:mod:`~trace_core.storage.sqlite_direct`). ``tx.connection`` is not
+        available in either (see :meth:`autocommit`)."""
+        if self._sqlite is not None:
+            async with self._sqlite_statement() as tx:
+                yield tx
+            return
         if self._direct is None:
             async with self.transaction() as tx:
                 yield tx
@@ -663,6 +683,25 @@ class SqlRepository:
                     await self._direct.fetch(_notify_all(tuple(sorted(pending))), {})
         finally:
             await tx.release()
+        for channel in tx.channels:
+            self.hub.fire(channel)
+
+    @asynccontextmanager
+    async def _sqlite_statement(self) -> AsyncIterator[SqlTransaction]:
+        """SQLite :meth:`statement`: under the in-process write lock, like
+        :meth:`transaction`, but on the sync engine (one hop per statement,
+        one for the commit)."""
+        assert self._sqlite is not None and self._write_lock is not None
+        async with self._write_lock:
+            scope = self._sqlite.scope()
+            tx = SqlTransaction(None, self, sqlite=scope)
+            try:
+                yield tx
+            except BaseException:
+                await scope.finish(commit=False)
+                raise
+            with translate_errors("commit"):
+                await scope.finish(commit=True)
         for channel in tx.channels:
             self.hub.fire(channel)
 
@@ -760,10 +799,13 @@ class SqlRepository:
         return self.hub.subscribe(channel)
 
     async def close(self) -> None:
-        """Dispose of the pool and stop the listener."""
+        """Dispose of the pools and stop the listener; :meth:`statement` scopes
+        are refused afterwards."""
         if self._listener is not None:
             self._listener.stop()
             self._listener = None
         if self._direct is not None:
             await self._direct.close()
+        if self._sqlite is not None:
+            await self._sqlite.close()
         await self.engine.dispose()

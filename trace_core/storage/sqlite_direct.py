@@ -1,0 +1,192 @@
+"""SQLite: a statement scope's write transaction on a sync connection, one thread hop per step.
+
+Through SQLAlchemy's async layer on aiosqlite every small step of a scope is
+a round trip to aiosqlite's connection thread: the cursor, the execute, the
+fetch, the ``BEGIN`` of the begin hook, the ``COMMIT``, the pool's
+reset-on-return. A one-task enqueue made ~14 of them, each an idle thread
+woken on a small machine. Here a :meth:`SqlRepository.statement()
+<trace_core.storage.sql.SqlRepository.statement>` scope checks out a
+connection of a *sync* pysqlite engine on the same file (same PRAGMAs, same
+``BEGIN IMMEDIATE``: :func:`~trace_core.storage.engine.configure_sqlite`) and
+runs on an anyio worker thread, in one hop each:
+
+- checkout, ``BEGIN IMMEDIATE`` and the first statement, its rows fetched;
+- every later statement, its rows fetched;
+- ``COMMIT`` (or ``ROLLBACK``) and the return to the pool.
+
+A claim scope is two hops, a one-task enqueue with its wake-up row three.
+Statements run through the sync :meth:`sqlalchemy.engine.Connection.execute`,
+so ad hoc statements, executemany and ``RETURNING`` behave, and fail, exactly
+as through the async path: the same compiled SQL, bind and result processors,
+and SQLAlchemy's own error wrapping for
+:func:`~trace_core.storage.sql_errors.translate_errors`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import anyio
+import anyio.to_thread
+import sqlalchemy as sa
+from sqlalchemy import exc as sa_exc
+
+from trace_core.errors import ConfigurationError
+from trace_core.storage.engine import EngineSettings, create_sqlite_sync_engine
+from trace_core.storage.url import DatabaseURL
+
+__all__ = ["BufferedResult", "DirectScope", "SqliteDirect"]
+
+
+class BufferedResult:
+    """A statement's outcome with its rows already fetched (on the worker thread).
+
+    Offers the parts of :class:`sqlalchemy.engine.Result` the repository uses:
+    ``all()``, ``first()``, ``one()``, ``scalar()``, ``scalars()`` and ``rowcount``.
+    """
+
+    __slots__ = ("_rows", "rowcount")
+
+    def __init__(self, result: sa.CursorResult[Any]) -> None:
+        self.rowcount: int = result.rowcount
+        """As the cursor reported it (``-1`` for a SELECT, as on the async path)."""
+        self._rows: list[sa.Row[Any]] | None = list(result.all()) if result.returns_rows else None
+
+    def _fetched(self) -> list[sa.Row[Any]]:
+        if self._rows is None:
+            # What SQLAlchemy raises when asked for rows of a statement with none.
+            raise sa_exc.ResourceClosedError("This result object does not return rows.")
+        return self._rows
+
+    def __iter__(self) -> Iterator[sa.Row[Any]]:
+        return iter(self._fetched())
+
+    def all(self) -> Sequence[sa.Row[Any]]:
+        """Every row."""
+        return list(self._fetched())
+
+    def first(self) -> sa.Row[Any] | None:
+        """The first row, or ``None``."""
+        rows = self._fetched()
+        return rows[0] if rows else None
+
+    def one(self) -> sa.Row[Any]:
+        """The only row; :class:`~sqlalchemy.exc.NoResultFound` or
+        :class:`~sqlalchemy.exc.MultipleResultsFound` otherwise."""
+        rows = self._fetched()
+        if not rows:
+            raise sa_exc.NoResultFound("No row was found when one was required")
+        if len(rows) > 1:
+            raise sa_exc.MultipleResultsFound(
+                "Multiple rows were found when exactly one was required"
+            )
+        return rows[0]
+
+    def scalar(self) -> Any:
+        """The first column of the first row, or ``None``."""
+        row = self.first()
+        return row[0] if row is not None else None
+
+    def scalars(self) -> BufferedScalars:
+        """The first column of every row."""
+        return BufferedScalars([row[0] for row in self._fetched()])
+
+
+class BufferedScalars:
+    """The first column of a :class:`BufferedResult`'s rows."""
+
+    __slots__ = ("_values",)
+
+    def __init__(self, values: list[Any]) -> None:
+        self._values = values
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._values)
+
+    def all(self) -> Sequence[Any]:
+        """Every value."""
+        return list(self._values)
+
+    def first(self) -> Any:
+        """The first value, or ``None``."""
+        return self._values[0] if self._values else None
+
+
+class DirectScope:
+    """One write transaction on a connection of the sync engine.
+
+    Opened by its first statement; ended by :meth:`finish`, which the owner
+    must always call (it is a no-op when no statement ran). Each step runs on a
+    worker thread while the caller awaits it, and a cancelled caller still waits
+    for the step to end (anyio does not abandon the thread), so no two threads
+    ever use the connection at once.
+    """
+
+    def __init__(self, engine: sa.Engine) -> None:
+        self._engine = engine
+        self._conn: sa.Connection | None = None
+        """Set on the worker thread as soon as it is checked out, so that
+        :meth:`finish` releases it even if the step that opened it failed or
+        its caller was cancelled meanwhile."""
+
+    async def execute(self, stmt: sa.Executable, params: Any = None) -> BufferedResult:
+        """Run ``stmt`` (any statement; a list of parameter sets is an
+        executemany) in the transaction; its rows, fetched."""
+        return await anyio.to_thread.run_sync(self._execute, stmt, params)
+
+    def _execute(self, stmt: sa.Executable, params: Any) -> BufferedResult:
+        conn = self._conn
+        if conn is None:
+            conn = self._conn = self._engine.connect()
+        # The first execute begins the transaction: the engine's begin hook
+        # issues BEGIN IMMEDIATE, in this same hop.
+        return BufferedResult(conn.execute(stmt, params))
+
+    async def finish(self, *, commit: bool) -> None:
+        """Commit (or roll back) and return the connection to the pool, in one
+        hop that a cancellation does not interrupt. A failed commit rolls back."""
+        if self._conn is None:
+            return
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(self._finish, commit)
+
+    def _finish(self, commit: bool) -> None:
+        conn, self._conn = self._conn, None
+        if conn is None:
+            return
+        try:
+            if commit and conn.in_transaction():
+                conn.commit()
+        finally:
+            # Rolls back whatever is still open (an error, a failed commit)
+            # before the pool takes it back; should that fail too, the pool's
+            # own reset invalidates the connection: none is pooled mid-transaction.
+            conn.close()
+
+
+class SqliteDirect:
+    """The sync engine of one repository's statement scopes (SQLite)."""
+
+    def __init__(self, url: DatabaseURL, settings: EngineSettings) -> None:
+        self._engine = create_sqlite_sync_engine(url, settings)
+        self._closed = False
+
+    def scope(self) -> DirectScope:
+        """A new transaction scope; refused once :meth:`close` was called."""
+        if self._closed:
+            raise ConfigurationError("the repository is closed")
+        return DirectScope(self._engine)
+
+    @property
+    def checked_out(self) -> int:
+        """Connections in use by scopes right now."""
+        pool = self._engine.pool
+        assert isinstance(pool, sa.pool.QueuePool)
+        return pool.checkedout()
+
+    async def close(self) -> None:
+        """Close the pooled connections; scopes after this are refused."""
+        self._closed = True
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(self._engine.dispose)
