@@ -10,6 +10,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 import anyio
+import anyio.lowlevel
 import anyio.to_thread
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
@@ -697,6 +698,10 @@ class SqlRepository:
             tx = SqlTransaction(None, self, sqlite=scope)
             try:
                 yield tx
+                # A scope cancelled before its commit rolls back, as on the
+                # async path, even if the cancellation came while a statement
+                # ran on its thread (it is only delivered at the next checkpoint).
+                await anyio.lowlevel.checkpoint_if_cancelled()
             except BaseException:
                 await scope.finish(commit=False)
                 raise

@@ -24,6 +24,7 @@ and SQLAlchemy's own error wrapping for
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -118,9 +119,8 @@ class DirectScope:
 
     Opened by its first statement; ended by :meth:`finish`, which the owner
     must always call (it is a no-op when no statement ran). Each step runs on a
-    worker thread while the caller awaits it, and a cancelled caller still waits
-    for the step to end (anyio does not abandon the thread), so no two threads
-    ever use the connection at once.
+    worker thread while the caller awaits it; an anyio cancellation still waits
+    for the step to end (the thread is not abandoned).
     """
 
     def __init__(self, engine: sa.Engine) -> None:
@@ -129,40 +129,55 @@ class DirectScope:
         """Set on the worker thread as soon as it is checked out, so that
         :meth:`finish` releases it even if the step that opened it failed or
         its caller was cancelled meanwhile."""
+        self._lock = threading.Lock()
+        """Held by each step for its whole run. Uncontended unless a plain
+        asyncio cancellation (``task.cancel()``, which anyio's shield does not
+        stop) abandoned a step still running: the next step then waits for it,
+        so no two threads ever use the connection at once and the rollback
+        comes after the abandoned statement, never before it."""
+        self._started = False
+        self._finished = False
 
     async def execute(self, stmt: sa.Executable, params: Any = None) -> BufferedResult:
         """Run ``stmt`` (any statement; a list of parameter sets is an
         executemany) in the transaction; its rows, fetched."""
+        self._started = True
         return await anyio.to_thread.run_sync(self._execute, stmt, params)
 
     def _execute(self, stmt: sa.Executable, params: Any) -> BufferedResult:
-        conn = self._conn
-        if conn is None:
-            conn = self._conn = self._engine.connect()
-        # The first execute begins the transaction: the engine's begin hook
-        # issues BEGIN IMMEDIATE, in this same hop.
-        return BufferedResult(conn.execute(stmt, params))
+        with self._lock:
+            if self._finished:
+                # Only an abandoned step that ran after the scope ended gets here.
+                raise ConfigurationError("the statement scope has ended")
+            conn = self._conn
+            if conn is None:
+                conn = self._conn = self._engine.connect()
+            # The first execute begins the transaction: the engine's begin hook
+            # issues BEGIN IMMEDIATE, in this same hop.
+            return BufferedResult(conn.execute(stmt, params))
 
     async def finish(self, *, commit: bool) -> None:
         """Commit (or roll back) and return the connection to the pool, in one
         hop that a cancellation does not interrupt. A failed commit rolls back."""
-        if self._conn is None:
+        if not self._started:
             return
         with anyio.CancelScope(shield=True):
             await anyio.to_thread.run_sync(self._finish, commit)
 
     def _finish(self, commit: bool) -> None:
-        conn, self._conn = self._conn, None
-        if conn is None:
-            return
-        try:
-            if commit and conn.in_transaction():
-                conn.commit()
-        finally:
-            # Rolls back whatever is still open (an error, a failed commit)
-            # before the pool takes it back; should that fail too, the pool's
-            # own reset invalidates the connection: none is pooled mid-transaction.
-            conn.close()
+        with self._lock:
+            self._finished = True
+            conn, self._conn = self._conn, None
+            if conn is None:
+                return
+            try:
+                if commit and conn.in_transaction():
+                    conn.commit()
+            finally:
+                # Rolls back whatever is still open (an error, a failed commit)
+                # before the pool takes it back; should that fail too, the pool's
+                # own reset invalidates the connection: none is pooled mid-transaction.
+                conn.close()
 
 
 class SqliteDirect:

@@ -1,0 +1,300 @@
+"""SQLite: statement scopes run on a sync connection, one thread hop per step.
+
+The same statements, fences and errors as through the async path; a scope
+that fails or is cancelled rolls back and returns its connection; writers of
+several repositories on one file still serialize.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sqlite3
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.to_thread
+import pytest
+import sqlalchemy as sa
+
+from tests.factories import make_job, run_on_separate_repos, wait_until
+from trace_core.clock import ManualClock
+from trace_core.errors import ConfigurationError, DuplicateItem, StaleClaim, StorageError
+from trace_core.model import TASKS, ClaimOutcome, Fence
+from trace_core.storage import schema
+from trace_core.storage.protocol import NewTask
+from trace_core.storage.sql import SqlRepository
+from trace_core.storage.sqlite_direct import SqliteDirect
+from trace_core.tasks import TaskQueue
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def sqlite_url(sqlite_template: Path, tmp_path: Path) -> str:
+    target = tmp_path / "trace.db"
+    shutil.copyfile(sqlite_template, target)
+    return f"sqlite:///{target}"
+
+
+@pytest.fixture
+async def lite(sqlite_url: str) -> AsyncIterator[SqlRepository]:
+    repository = SqlRepository(sqlite_url)
+    try:
+        yield repository
+    finally:
+        await repository.close()
+
+
+def direct(repo: SqlRepository) -> SqliteDirect:
+    engine = repo._sqlite
+    assert engine is not None
+    return engine
+
+
+def database_path(repo: SqlRepository) -> str:
+    path = repo.url.sync_url.database
+    assert path is not None
+    return path
+
+
+async def count_tasks(repo: SqlRepository) -> int:
+    async with repo.read() as tx:
+        return int(
+            (
+                await tx.connection.execute(sa.select(sa.func.count()).select_from(schema.tasks))
+            ).scalar_one()
+        )
+
+
+def write_lock_is_free(repo: SqlRepository) -> bool:
+    """True if a writer of another connection gets the lock at once."""
+    conn = sqlite3.connect(database_path(repo), timeout=0, isolation_level=None)
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute("ROLLBACK")
+        return True
+    except sqlite3.OperationalError:
+        return False
+    finally:
+        conn.close()
+
+
+async def test_a_statement_scope_offers_protocol_operations_only(lite: SqlRepository) -> None:
+    async with lite.statement() as tx:
+        with pytest.raises(ConfigurationError, match=r"autocommit\(\)"):
+            _ = tx.connection
+    async with lite.autocommit() as tx:
+        assert (await tx.connection.execute(sa.select(sa.literal(1)))).scalar() == 1
+
+
+async def test_a_claim_is_two_thread_hops_and_a_small_create_three(
+    lite: SqlRepository, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    job = await make_job(lite, clock.now())
+    tq = TaskQueue(lite, clock=clock)
+    real = anyio.to_thread.run_sync
+    hops: list[str] = []
+
+    async def counted(func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        hops.append(getattr(func, "__name__", repr(func)))
+        return await real(func, *args, **kwargs)
+
+    monkeypatch.setattr(anyio.to_thread, "run_sync", counted)
+    await tq.create([NewTask(job)])
+    # BEGIN IMMEDIATE + the tasks INSERT, the wake-up outbox row, COMMIT.
+    assert hops == ["_execute", "_execute", "_finish"]
+    hops.clear()
+    [lease] = await tq.claim_batch("w", 10)
+    assert hops == ["_execute", "_finish"]
+    hops.clear()
+    assert await tq.complete_many([lease.fence]) == {lease.item_id}
+    assert hops == ["_execute", "_finish"]
+
+
+async def test_leases_read_the_same_through_either_path(
+    lite: SqlRepository, clock: ManualClock
+) -> None:
+    job = await make_job(lite, clock.now())
+    tq = TaskQueue(lite, clock=clock)
+    await tq.create([NewTask(job, input_versions={"n": 1}), NewTask(job, input_versions={"n": 2})])
+    through_direct = await tq.leases.claim_batch("w", 1)
+    async with lite.transaction() as tx:
+        through_async = await tq.leases.claim_batch("w", 1, tx=tx)
+    assert len(through_direct) == len(through_async) == 1
+    a, b = through_direct[0], through_async[0]
+    for field in ("item_id", "attempt", "claim_version", "lease_token", "expires_at"):
+        assert type(getattr(a, field)) is type(getattr(b, field)), field
+    for key in a.data:
+        assert type(a.data[key]) is type(b.data[key]), key
+    assert a.expires_at == b.expires_at
+    assert a.expires_at.utcoffset() is not None
+    assert {a.data["input_versions"]["n"], b.data["input_versions"]["n"]} == {1, 2}
+    # Read back through the async path: what the direct claim wrote.
+    async with lite.read() as tx:
+        state = await tx.inspect(TASKS, a.item_id)
+    assert state is not None and state.claim_version == a.claim_version
+    assert await tq.complete_many([a.fence, b.fence]) == {a.item_id, b.item_id}
+    # Fenced on the direct path as well: a second completion changes nothing.
+    assert await tq.complete_many([a.fence]) == set()
+    stale = Fence(a.item_id, a.attempt, uuid.uuid4(), a.claim_version)
+    with pytest.raises(StaleClaim):
+        await tq.heartbeat(stale)
+
+
+async def test_complete_many_completes_only_current_fences(
+    lite: SqlRepository, clock: ManualClock
+) -> None:
+    job = await make_job(lite, clock.now())
+    tq = TaskQueue(lite, clock=clock)
+    await tq.create([NewTask(job) for _ in range(3)])
+    leases = await tq.claim_batch("w", 3)
+    assert len(leases) == 3
+    current = leases[0].fence
+    wrong_token = Fence(leases[1].item_id, leases[1].attempt, uuid.uuid4(), leases[1].claim_version)
+    # complete_many fences on the lease token and the attempt.
+    wrong_attempt = Fence(
+        leases[2].item_id, leases[2].attempt + 1, leases[2].lease_token, leases[2].claim_version
+    )
+    assert await tq.complete_many([current, wrong_token, wrong_attempt]) == {current.item_id}
+    assert await tq.heartbeat(leases[1].fence)  # the two stale ones are untouched
+
+
+async def test_errors_are_the_same_as_through_the_async_path(
+    lite: SqlRepository, clock: ManualClock
+) -> None:
+    tq = TaskQueue(lite, clock=clock)
+    unknown_job = NewTask(uuid.uuid4())  # a foreign key violation
+    with pytest.raises(DuplicateItem, match="constraint violated") as direct_error:
+        await tq.create([unknown_job])
+    with pytest.raises(DuplicateItem, match="constraint violated") as async_error:
+        async with lite.transaction() as tx:
+            await tq.create([unknown_job], tx=tx)
+    assert str(direct_error.value) == str(async_error.value)
+    naive = datetime(2026, 1, 1)
+    async with lite.statement() as tx:
+        with pytest.raises(StorageError, match="naive datetime") as direct_naive:
+            await tx.claim(TASKS, worker_id="w", lease_seconds=5, now=naive)
+    async with lite.transaction() as tx:
+        with pytest.raises(StorageError, match="naive datetime") as async_naive:
+            await tx.claim(TASKS, worker_id="w", lease_seconds=5, now=naive)
+    assert str(direct_naive.value) == str(async_naive.value)
+    assert direct(lite).checked_out == 0
+    assert write_lock_is_free(lite)
+
+
+async def test_a_scope_that_raises_rolls_back_and_its_connection_is_reused(
+    lite: SqlRepository, clock: ManualClock
+) -> None:
+    job = await make_job(lite, clock.now())
+    tq = TaskQueue(lite, clock=clock)
+    with pytest.raises(RuntimeError, match="boom"):
+        async with lite.statement() as tx:
+            created = await tx.create_tasks([NewTask(job)], now=clock.now())
+            assert created[0].created
+            raise RuntimeError("boom")
+    assert await count_tasks(lite) == 0
+    assert direct(lite).checked_out == 0
+    assert write_lock_is_free(lite)
+    # A statement that fails leaves the scope's transaction to roll back too.
+    with pytest.raises(DuplicateItem):
+        async with lite.statement() as tx:
+            await tx.create_tasks([NewTask(job)], now=clock.now())
+            await tx.create_tasks([NewTask(uuid.uuid4())], now=clock.now())
+    assert await count_tasks(lite) == 0
+    assert write_lock_is_free(lite)
+    await tq.create([NewTask(job)])
+    assert await count_tasks(lite) == 1
+    assert [lease.item_id for lease in await tq.claim_batch("w", 1)]
+
+
+async def test_a_scope_cancelled_before_its_commit_rolls_back(
+    lite: SqlRepository, clock: ManualClock
+) -> None:
+    job = await make_job(lite, clock.now())
+    with anyio.CancelScope() as scope:
+        async with lite.statement() as tx:
+            await tx.create_tasks([NewTask(job)], now=clock.now())
+            scope.cancel()
+    assert scope.cancelled_caught
+    assert await count_tasks(lite) == 0
+    assert direct(lite).checked_out == 0
+    assert write_lock_is_free(lite)
+
+
+async def test_a_scope_cancelled_while_its_statement_waits_for_the_lock_rolls_back(
+    lite: SqlRepository, clock: ManualClock
+) -> None:
+    job = await make_job(lite, clock.now())
+    tq = TaskQueue(lite, clock=clock)
+    # Another process's writer holds the lock: the scope's BEGIN IMMEDIATE
+    # waits on its worker thread.
+    holder = sqlite3.connect(database_path(lite), isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    scope = anyio.CancelScope()
+    try:
+
+        async def create() -> None:
+            with scope:
+                await tq.create([NewTask(job)])
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(create)
+            await wait_until(
+                "the scope to check out its connection",
+                lambda: direct(lite).checked_out == 1,
+                time.monotonic() + 30,
+                describe=lambda: f"checked out: {direct(lite).checked_out}",
+            )
+            scope.cancel()
+            holder.execute("ROLLBACK")  # the statement now runs, then rolls back
+    finally:
+        holder.close()
+    assert scope.cancelled_caught
+    assert await count_tasks(lite) == 0
+    assert direct(lite).checked_out == 0
+    assert write_lock_is_free(lite)
+    await tq.create([NewTask(job)])
+    assert await count_tasks(lite) == 1
+
+
+async def test_calls_after_close_are_refused(sqlite_url: str) -> None:
+    repo = SqlRepository(sqlite_url)
+    assert await TaskQueue(repo).claim_batch("w", 1) == []
+    await repo.close()
+    assert direct(repo).checked_out == 0
+    with pytest.raises(ConfigurationError, match="closed"):
+        await TaskQueue(repo).claim_batch("w", 1)
+
+
+async def test_repositories_on_one_file_claim_an_item_once(
+    sqlite_url: str, clock: ManualClock
+) -> None:
+    setup = SqlRepository(sqlite_url)
+    try:
+        job = await make_job(setup, clock.now())
+        tq = TaskQueue(setup, clock=clock)
+        [one] = await tq.create([NewTask(job)])
+        batch = [c.task_id for c in await tq.create([NewTask(job) for _ in range(20)])]
+    finally:
+        await setup.close()
+    outcomes: list[ClaimOutcome] = []
+    batches: list[list[uuid.UUID | int]] = []
+
+    async def race(repo: SqlRepository, n: int) -> None:
+        queue = TaskQueue(repo, clock=clock)
+        outcomes.append(await queue.claim(one.task_id, f"w{n}"))
+        # The batch claims of every repository split the rest between them.
+        while leases := await queue.claim_batch(f"w{n}", 3):
+            batches.append([lease.item_id for lease in leases])
+
+    await run_on_separate_repos(sqlite_url, 4, race)
+    assert len(outcomes) == 4
+    assert sum(o.lease is not None for o in outcomes) == 1
+    claimed = [item for b in batches for item in b]
+    assert len(claimed) == len(set(claimed)) == len(batch)  # each once
+    assert set(claimed) == set(batch)
