@@ -7,6 +7,7 @@ several repositories on one file still serialize.
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import sqlite3
 import time
@@ -255,6 +256,36 @@ async def test_a_scope_cancelled_while_its_statement_waits_for_the_lock_rolls_ba
     finally:
         holder.close()
     assert scope.cancelled_caught
+    assert await count_tasks(lite) == 0
+    assert direct(lite).checked_out == 0
+    assert write_lock_is_free(lite)
+    await tq.create([NewTask(job)])
+    assert await count_tasks(lite) == 1
+
+
+async def test_a_plain_asyncio_cancel_waits_for_the_abandoned_statement_then_rolls_back(
+    lite: SqlRepository, clock: ManualClock
+) -> None:
+    # task.cancel() is not held off by anyio's shield: the statement's thread is
+    # abandoned mid-wait. The rollback must still come after it, on its connection.
+    job = await make_job(lite, clock.now())
+    tq = TaskQueue(lite, clock=clock)
+    holder = sqlite3.connect(database_path(lite), isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        task = asyncio.get_running_loop().create_task(tq.create([NewTask(job)]))
+        await wait_until(
+            "the scope to check out its connection",
+            lambda: direct(lite).checked_out == 1,
+            time.monotonic() + 30,
+            describe=lambda: f"checked out: {direct(lite).checked_out}",
+        )
+        task.cancel()
+        holder.execute("ROLLBACK")
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    finally:
+        holder.close()
     assert await count_tasks(lite) == 0
     assert direct(lite).checked_out == 0
     assert write_lock_is_free(lite)
