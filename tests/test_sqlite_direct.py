@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import shutil
 import sqlite3
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -115,6 +116,43 @@ async def test_a_claim_is_two_thread_hops_and_a_small_create_three(
     hops.clear()
     assert await tq.complete_many([lease.fence]) == {lease.item_id}
     assert hops == ["_execute", "_finish"]
+
+
+async def test_statements_do_not_wait_for_the_default_thread_limiter(
+    lite: SqlRepository, clock: ManualClock
+) -> None:
+    # Sync operators and other threads of the process take anyio's default
+    # tokens; a claim or a heartbeat must not queue behind them.
+    job = await make_job(lite, clock.now())
+    tq = TaskQueue(lite, clock=clock)
+    default = anyio.to_thread.current_default_thread_limiter()
+    saved = default.total_tokens
+    release = threading.Event()
+    held: list[bool] = []
+
+    def hold_the_token() -> None:
+        # Bounded, so that a regression fails instead of hanging.
+        held.append(release.wait(timeout=30))
+
+    default.total_tokens = 1
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(anyio.to_thread.run_sync, hold_the_token)
+            await wait_until(
+                "a thread to hold the only default token",
+                lambda: default.borrowed_tokens == 1,
+                time.monotonic() + 30,
+                describe=lambda: f"borrowed: {default.borrowed_tokens}",
+            )
+            await tq.create([NewTask(job)])
+            [lease] = await tq.claim_batch("w", 1)
+            assert await tq.heartbeat(lease.fence)
+            assert not held  # all done while the token was still held
+            release.set()
+    finally:
+        release.set()
+        default.total_tokens = saved
+    assert held == [True]
 
 
 async def test_leases_read_the_same_through_either_path(

@@ -38,9 +38,10 @@ class EngineSettings:
     """Connection settings; the defaults suit a worker process."""
 
     pool_size: int = 5
-    """Postgres connections kept open per repository, by each of its two pools:
-    SQLAlchemy's, and the direct one of the single protocol statements
-    (:mod:`~trace_core.storage.pg_direct`). Both open connections on demand."""
+    """Connections kept open per repository, by each of its two pools:
+    SQLAlchemy's async one, and the one of statement scopes (Postgres:
+    :mod:`~trace_core.storage.pg_direct`; SQLite: the sync engine of
+    :mod:`~trace_core.storage.sqlite_direct`). Both open connections on demand."""
     max_overflow: int = 10
     sqlite_busy_timeout_ms: int = 30_000
     """How long a SQLite writer waits for another process's write lock."""

@@ -123,8 +123,9 @@ class DirectScope:
     for the step to end (the thread is not abandoned).
     """
 
-    def __init__(self, engine: sa.Engine) -> None:
+    def __init__(self, engine: sa.Engine, limiter: anyio.CapacityLimiter) -> None:
         self._engine = engine
+        self._limiter = limiter
         self._conn: sa.Connection | None = None
         """Set on the worker thread as soon as it is checked out, so that
         :meth:`finish` releases it even if the step that opened it failed or
@@ -142,7 +143,7 @@ class DirectScope:
         """Run ``stmt`` (any statement; a list of parameter sets is an
         executemany) in the transaction; its rows, fetched."""
         self._started = True
-        return await anyio.to_thread.run_sync(self._execute, stmt, params)
+        return await anyio.to_thread.run_sync(self._execute, stmt, params, limiter=self._limiter)
 
     def _execute(self, stmt: sa.Executable, params: Any) -> BufferedResult:
         with self._lock:
@@ -162,7 +163,7 @@ class DirectScope:
         if not self._started:
             return
         with anyio.CancelScope(shield=True):
-            await anyio.to_thread.run_sync(self._finish, commit)
+            await anyio.to_thread.run_sync(self._finish, commit, limiter=self._limiter)
 
     def _finish(self, commit: bool) -> None:
         with self._lock:
@@ -185,13 +186,17 @@ class SqliteDirect:
 
     def __init__(self, url: DatabaseURL, settings: EngineSettings) -> None:
         self._engine = create_sqlite_sync_engine(url, settings)
+        # Threads of our own: behind anyio's default limiter, shared with
+        # whatever else the process runs in threads (sync operators), a
+        # heartbeat could wait for a token while holding the write lock.
+        self._limiter = anyio.CapacityLimiter(settings.pool_size + settings.max_overflow)
         self._closed = False
 
     def scope(self) -> DirectScope:
         """A new transaction scope; refused once :meth:`close` was called."""
         if self._closed:
             raise ConfigurationError("the repository is closed")
-        return DirectScope(self._engine)
+        return DirectScope(self._engine, self._limiter)
 
     @property
     def checked_out(self) -> int:
@@ -204,4 +209,4 @@ class SqliteDirect:
         """Close the pooled connections; scopes after this are refused."""
         self._closed = True
         with anyio.CancelScope(shield=True):
-            await anyio.to_thread.run_sync(self._engine.dispose)
+            await anyio.to_thread.run_sync(self._engine.dispose, limiter=self._limiter)
