@@ -22,10 +22,9 @@ from trace_core.errors import (
     ConfigurationError,
     DatabaseUnavailable,
     DuplicateItem,
-    StaleClaim,
     StorageError,
 )
-from trace_core.model import TASKS, Fence
+from trace_core.model import TASKS
 from trace_core.storage.pg_direct import DirectPool
 from trace_core.storage.protocol import NewTask
 from trace_core.storage.sql import SqlRepository
@@ -55,30 +54,6 @@ async def test_a_statement_scope_offers_protocol_operations_only(pg: SqlReposito
             _ = tx.connection
     async with pg.autocommit() as tx:
         assert (await tx.connection.execute(sa.select(sa.literal(1)))).scalar() == 1
-
-
-async def test_leases_read_the_same_through_either_path(
-    pg: SqlRepository, clock: ManualClock
-) -> None:
-    job = await make_job(pg, clock.now())
-    tq = TaskQueue(pg, clock=clock)
-    await tq.create([NewTask(job, input_versions={"n": 1}), NewTask(job, input_versions={"n": 2})])
-    direct = await tq.leases.claim_batch("w", 1)
-    async with pg.transaction() as tx:
-        through_sa = await tq.leases.claim_batch("w", 1, tx=tx)
-    assert len(direct) == len(through_sa) == 1
-    a, b = direct[0], through_sa[0]
-    for field in ("item_id", "attempt", "claim_version", "lease_token", "expires_at"):
-        assert type(getattr(a, field)) is type(getattr(b, field)), field
-    assert a.expires_at == b.expires_at
-    assert a.expires_at.utcoffset() is not None
-    assert {a.data["input_versions"]["n"], b.data["input_versions"]["n"]} == {1, 2}
-    assert await tq.complete_many([a.fence, b.fence]) == {a.item_id, b.item_id}
-    # Fenced on the direct path as well: a second completion changes nothing.
-    assert await tq.complete_many([a.fence]) == set()
-    stale = Fence(a.item_id, a.attempt, uuid.uuid4(), a.claim_version)
-    with pytest.raises(StaleClaim):
-        await tq.heartbeat(stale)
 
 
 async def test_driver_errors_are_translated_as_through_sqlalchemy(

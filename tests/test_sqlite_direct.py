@@ -13,7 +13,8 @@ import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ import sqlalchemy as sa
 
 from tests.factories import make_job, run_on_separate_repos, wait_until
 from trace_core.clock import ManualClock
-from trace_core.errors import ConfigurationError, DuplicateItem, StaleClaim, StorageError
+from trace_core.errors import ConfigurationError, DuplicateItem, StorageError
 from trace_core.model import TASKS, ClaimOutcome, Fence
 from trace_core.storage import schema
 from trace_core.storage.protocol import NewTask
@@ -71,6 +72,40 @@ async def count_tasks(repo: SqlRepository) -> int:
                 await tx.connection.execute(sa.select(sa.func.count()).select_from(schema.tasks))
             ).scalar_one()
         )
+
+
+def assert_released(repo: SqlRepository) -> None:
+    """No scope holds a connection of the sync engine or the file's write lock."""
+    assert direct(repo).checked_out == 0
+    assert write_lock_is_free(repo)
+
+
+@contextmanager
+def holding_write_lock(repo: SqlRepository) -> Iterator[sqlite3.Connection]:
+    """Another connection (as another process would) holding the file's write lock."""
+    holder = sqlite3.connect(database_path(repo), isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        yield holder
+    finally:
+        holder.close()
+
+
+async def wait_checked_out(repo: SqlRepository) -> None:
+    await wait_until(
+        "the scope to check out its connection",
+        lambda: direct(repo).checked_out == 1,
+        time.monotonic() + 30,
+        describe=lambda: f"checked out: {direct(repo).checked_out}",
+    )
+
+
+async def assert_rolled_back_and_usable(repo: SqlRepository, tq: TaskQueue, job: uuid.UUID) -> None:
+    """Nothing the scope wrote remains, nothing is held, and the next scope works."""
+    assert await count_tasks(repo) == 0
+    assert_released(repo)
+    await tq.create([NewTask(job)])
+    assert await count_tasks(repo) == 1
 
 
 def write_lock_is_free(repo: SqlRepository) -> bool:
@@ -155,36 +190,6 @@ async def test_statements_do_not_wait_for_the_default_thread_limiter(
     assert held == [True]
 
 
-async def test_leases_read_the_same_through_either_path(
-    lite: SqlRepository, clock: ManualClock
-) -> None:
-    job = await make_job(lite, clock.now())
-    tq = TaskQueue(lite, clock=clock)
-    await tq.create([NewTask(job, input_versions={"n": 1}), NewTask(job, input_versions={"n": 2})])
-    through_direct = await tq.leases.claim_batch("w", 1)
-    async with lite.transaction() as tx:
-        through_async = await tq.leases.claim_batch("w", 1, tx=tx)
-    assert len(through_direct) == len(through_async) == 1
-    a, b = through_direct[0], through_async[0]
-    for field in ("item_id", "attempt", "claim_version", "lease_token", "expires_at"):
-        assert type(getattr(a, field)) is type(getattr(b, field)), field
-    for key in a.data:
-        assert type(a.data[key]) is type(b.data[key]), key
-    assert a.expires_at == b.expires_at
-    assert a.expires_at.utcoffset() is not None
-    assert {a.data["input_versions"]["n"], b.data["input_versions"]["n"]} == {1, 2}
-    # Read back through the async path: what the direct claim wrote.
-    async with lite.read() as tx:
-        state = await tx.inspect(TASKS, a.item_id)
-    assert state is not None and state.claim_version == a.claim_version
-    assert await tq.complete_many([a.fence, b.fence]) == {a.item_id, b.item_id}
-    # Fenced on the direct path as well: a second completion changes nothing.
-    assert await tq.complete_many([a.fence]) == set()
-    stale = Fence(a.item_id, a.attempt, uuid.uuid4(), a.claim_version)
-    with pytest.raises(StaleClaim):
-        await tq.heartbeat(stale)
-
-
 async def test_complete_many_completes_only_current_fences(
     lite: SqlRepository, clock: ManualClock
 ) -> None:
@@ -222,8 +227,7 @@ async def test_errors_are_the_same_as_through_the_async_path(
         with pytest.raises(StorageError, match="naive datetime") as async_naive:
             await tx.claim(TASKS, worker_id="w", lease_seconds=5, now=naive)
     assert str(direct_naive.value) == str(async_naive.value)
-    assert direct(lite).checked_out == 0
-    assert write_lock_is_free(lite)
+    assert_released(lite)
 
 
 async def test_a_scope_that_raises_rolls_back_and_its_connection_is_reused(
@@ -237,17 +241,13 @@ async def test_a_scope_that_raises_rolls_back_and_its_connection_is_reused(
             assert created[0].created
             raise RuntimeError("boom")
     assert await count_tasks(lite) == 0
-    assert direct(lite).checked_out == 0
-    assert write_lock_is_free(lite)
+    assert_released(lite)
     # A statement that fails leaves the scope's transaction to roll back too.
     with pytest.raises(DuplicateItem):
         async with lite.statement() as tx:
             await tx.create_tasks([NewTask(job)], now=clock.now())
             await tx.create_tasks([NewTask(uuid.uuid4())], now=clock.now())
-    assert await count_tasks(lite) == 0
-    assert write_lock_is_free(lite)
-    await tq.create([NewTask(job)])
-    assert await count_tasks(lite) == 1
+    await assert_rolled_back_and_usable(lite, tq, job)
     assert [lease.item_id for lease in await tq.claim_batch("w", 1)]
 
 
@@ -261,8 +261,7 @@ async def test_a_scope_cancelled_before_its_commit_rolls_back(
             scope.cancel()
     assert scope.cancelled_caught
     assert await count_tasks(lite) == 0
-    assert direct(lite).checked_out == 0
-    assert write_lock_is_free(lite)
+    assert_released(lite)
 
 
 async def test_a_scope_cancelled_while_its_statement_waits_for_the_lock_rolls_back(
@@ -270,35 +269,22 @@ async def test_a_scope_cancelled_while_its_statement_waits_for_the_lock_rolls_ba
 ) -> None:
     job = await make_job(lite, clock.now())
     tq = TaskQueue(lite, clock=clock)
+    scope = anyio.CancelScope()
+
+    async def create() -> None:
+        with scope:
+            await tq.create([NewTask(job)])
+
     # Another process's writer holds the lock: the scope's BEGIN IMMEDIATE
     # waits on its worker thread.
-    holder = sqlite3.connect(database_path(lite), isolation_level=None)
-    holder.execute("BEGIN IMMEDIATE")
-    scope = anyio.CancelScope()
-    try:
-
-        async def create() -> None:
-            with scope:
-                await tq.create([NewTask(job)])
-
+    with holding_write_lock(lite) as holder:
         async with anyio.create_task_group() as tg:
             tg.start_soon(create)
-            await wait_until(
-                "the scope to check out its connection",
-                lambda: direct(lite).checked_out == 1,
-                time.monotonic() + 30,
-                describe=lambda: f"checked out: {direct(lite).checked_out}",
-            )
+            await wait_checked_out(lite)
             scope.cancel()
             holder.execute("ROLLBACK")  # the statement now runs, then rolls back
-    finally:
-        holder.close()
     assert scope.cancelled_caught
-    assert await count_tasks(lite) == 0
-    assert direct(lite).checked_out == 0
-    assert write_lock_is_free(lite)
-    await tq.create([NewTask(job)])
-    assert await count_tasks(lite) == 1
+    await assert_rolled_back_and_usable(lite, tq, job)
 
 
 async def test_a_plain_asyncio_cancel_waits_for_the_abandoned_statement_then_rolls_back(
@@ -308,27 +294,14 @@ async def test_a_plain_asyncio_cancel_waits_for_the_abandoned_statement_then_rol
     # abandoned mid-wait. The rollback must still come after it, on its connection.
     job = await make_job(lite, clock.now())
     tq = TaskQueue(lite, clock=clock)
-    holder = sqlite3.connect(database_path(lite), isolation_level=None)
-    holder.execute("BEGIN IMMEDIATE")
-    try:
+    with holding_write_lock(lite) as holder:
         task = asyncio.get_running_loop().create_task(tq.create([NewTask(job)]))
-        await wait_until(
-            "the scope to check out its connection",
-            lambda: direct(lite).checked_out == 1,
-            time.monotonic() + 30,
-            describe=lambda: f"checked out: {direct(lite).checked_out}",
-        )
+        await wait_checked_out(lite)
         task.cancel()
         holder.execute("ROLLBACK")
         with pytest.raises(asyncio.CancelledError):
             await task
-    finally:
-        holder.close()
-    assert await count_tasks(lite) == 0
-    assert direct(lite).checked_out == 0
-    assert write_lock_is_free(lite)
-    await tq.create([NewTask(job)])
-    assert await count_tasks(lite) == 1
+    await assert_rolled_back_and_usable(lite, tq, job)
 
 
 async def test_calls_after_close_are_refused(sqlite_url: str) -> None:

@@ -160,3 +160,25 @@ async def test_absent_json_is_sql_null(repo: SqlRepository, clock: ManualClock) 
             sa.select(sa.func.count()).where(t.c.input_versions.is_(None), t.c.outputs.is_(None))
         )
         assert nulls.scalar_one() == 1
+
+
+async def test_leases_read_the_same_through_statement_and_transaction(
+    repo: SqlRepository, clock: ManualClock
+) -> None:
+    """A statement() scope runs closer to the driver (Postgres: pg_direct;
+    SQLite: sqlite_direct); its leases have the same types, UTC instants and data."""
+    job = await make_job(repo, clock.now())
+    tq = TaskQueue(repo, clock=clock)
+    await tq.create([NewTask(job, input_versions={"n": 1}), NewTask(job, input_versions={"n": 2})])
+    direct = await tq.leases.claim_batch("w", 1)
+    async with repo.transaction() as tx:
+        through_sa = await tq.leases.claim_batch("w", 1, tx=tx)
+    assert len(direct) == len(through_sa) == 1
+    a, b = direct[0], through_sa[0]
+    for field in ("item_id", "attempt", "claim_version", "lease_token", "expires_at"):
+        assert type(getattr(a, field)) is type(getattr(b, field)), field
+    for key in a.data:
+        assert type(a.data[key]) is type(b.data[key]), key
+    assert a.expires_at == b.expires_at
+    assert a.expires_at.utcoffset() is not None
+    assert {a.data["input_versions"]["n"], b.data["input_versions"]["n"]} == {1, 2}
