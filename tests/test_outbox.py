@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import Any
 
@@ -10,8 +11,8 @@ import anyio
 import pytest
 import sqlalchemy as sa
 
-from tests.factories import make_job
-from trace_core.clock import ManualClock, SystemClock
+from tests.factories import make_job, wait_until
+from trace_core.clock import Clock, ManualClock, SystemClock
 from trace_core.model import OUTBOX
 from trace_core.outbox import OutboxRelay, PermanentFailure, RelayConfig, write_outbox
 from trace_core.retry import Backoff, RetryPolicy
@@ -36,7 +37,7 @@ async def rows(repo: SqlRepository) -> list[Any]:
 
 async def add(
     repo: SqlRepository,
-    clock: ManualClock,
+    clock: Clock,
     *payloads: dict[str, Any],
     kind: str = "k",
     max_attempts: int = 10,
@@ -156,6 +157,61 @@ async def test_relay_wakes_on_commit_not_on_its_poll(repo: SqlRepository) -> Non
             await TaskQueue(repo, clock=clock).create([NewTask(job)])
             await delivered.wait()
         await relay.stop()
+
+
+async def test_a_freed_slot_is_refilled_while_other_rows_are_in_flight(
+    repo: SqlRepository,
+) -> None:
+    """run() keeps up to ``concurrency`` rows in flight: a row committed while
+    two are busy waits for a slot, and gets the first one that frees, while
+    the other row is still busy (not after the whole batch, as run_once does)."""
+    clock = SystemClock()
+    started: list[int] = []
+    release = {n: anyio.Event() for n in range(3)}
+    busy = 0
+    most_busy = 0
+
+    async def handler(payload: Mapping[str, Any]) -> None:
+        nonlocal busy, most_busy
+        busy += 1
+        most_busy = max(most_busy, busy)
+        started.append(payload["n"])
+        try:
+            await release[payload["n"]].wait()
+        finally:
+            busy -= 1
+
+    relay = OutboxRelay(
+        repo,
+        {"k": handler},
+        clock=clock,
+        config=RelayConfig(concurrency=2, poll_min_seconds=60, poll_max_seconds=60),
+    )
+
+    def started_are(*expected: int) -> Callable[[], bool]:
+        return lambda: started == list(expected)
+
+    async def all_done() -> bool:
+        return {r.status for r in await rows(repo)} == {"Done"}
+
+    async def until(what: str, condition: Callable[[], Any]) -> None:
+        await wait_until(what, condition, time.monotonic() + 20, describe=lambda: started)
+
+    async with anyio.create_task_group() as tg:
+        await add(repo, clock, {"n": 0})
+        await relay.start(tg)
+        await until("row 0 to start", started_are(0))
+        await add(repo, clock, {"n": 1})
+        await until("row 1 to start while row 0 is busy", started_are(0, 1))
+        await add(repo, clock, {"n": 2})
+        release[0].set()
+        await until("row 2 to take row 0's slot", started_are(0, 1, 2))
+        assert busy == 2  # row 1 is still busy
+        release[1].set()
+        release[2].set()
+        await until("every row done", all_done)
+        await relay.stop()
+    assert most_busy == 2
 
 
 async def test_relay_in_another_process_is_woken(database_url: str, engine: str) -> None:

@@ -1,8 +1,8 @@
 """The outbox relay: performs side effects recorded by committed transactions.
 
-It claims batches of outbox rows with the same lease protocol as tasks, runs
-the handler registered for each row's ``kind`` (with bounded concurrency),
-marks successes done in one fenced statement, and retries failures with
+It claims outbox rows with the same lease protocol as tasks, runs the
+handler registered for each row's ``kind`` (with bounded concurrency), marks
+successes done with a fenced statement, and retries failures with
 backoff and jitter until their attempts run out (then ``Failed``, the dead
 letter). It wakes at once after a local commit on the outbox channel (and,
 on Postgres, after a commit in another process, through LISTEN/NOTIFY), and
@@ -180,18 +180,51 @@ class OutboxRelay:
             return False
 
     async def run(self) -> None:
-        """Drain until :meth:`stop`; full batches loop at once, else wait or poll."""
+        """Drain until :meth:`stop`, keeping up to ``concurrency`` rows in flight.
+
+        Unlike a loop of :meth:`run_once`, which handles a whole batch before
+        it claims again, a slot that frees is refilled at once: rows that come
+        in one at a time (an accept request each) are handled side by side
+        instead of one after the other. Each row is marked done as soon as its
+        handler returns. With every slot busy it waits for one to free; with
+        nothing to claim, for a wake-up or the jittered poll.
+        """
+        limit = self.config.concurrency
+        in_flight = 0
+        freed = anyio.Event()
+
+        async def process(lease: Lease) -> None:
+            nonlocal in_flight
+            try:
+                if await self._handle(lease):
+                    await self.leases.complete_many([lease.fence])
+            finally:
+                in_flight -= 1
+                freed.set()
+
         try:
             wakeups = await self.repo.subscribe(OUTBOX_CHANNEL)
-            while not self._stop.is_set():
-                handled = await self.run_once()
-                if handled >= self.config.batch_size:
-                    continue
-                if self._stop.is_set():
-                    break
-                wait = self._rng.uniform(self.config.poll_min_seconds, self.config.poll_max_seconds)
-                with anyio.CancelScope() as self._waiting:
-                    await wakeups.wait(wait)
+            async with anyio.create_task_group() as tg:
+                while not self._stop.is_set():
+                    free = limit - in_flight
+                    if free == 0:
+                        freed = anyio.Event()
+                        with anyio.CancelScope() as self._waiting:
+                            await freed.wait()
+                        continue
+                    await self.leases.reclaim_expired()
+                    want = min(self.config.batch_size, free)
+                    leases = await self.leases.claim_batch(self.worker_id, want)
+                    for lease in leases:
+                        in_flight += 1
+                        tg.start_soon(process, lease)
+                    if len(leases) == want or self._stop.is_set():
+                        continue
+                    wait = self._rng.uniform(
+                        self.config.poll_min_seconds, self.config.poll_max_seconds
+                    )
+                    with anyio.CancelScope() as self._waiting:
+                        await wakeups.wait(wait)
         finally:
             self._stopped.set()
 
@@ -200,7 +233,7 @@ class OutboxRelay:
         task_group.start_soon(self.run)
 
     async def stop(self) -> None:
-        """Ask the loop to finish its current batch and exit; wait for it."""
+        """Ask the loop to stop claiming, finish the rows in flight and exit; wait for it."""
         self._stop.set()
         self._waiting.cancel()
         await self._stopped.wait()
