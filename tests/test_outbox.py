@@ -162,9 +162,10 @@ async def test_relay_wakes_on_commit_not_on_its_poll(repo: SqlRepository) -> Non
 async def test_a_freed_slot_is_refilled_while_other_rows_are_in_flight(
     repo: SqlRepository,
 ) -> None:
-    """run() keeps up to ``concurrency`` rows in flight: a row committed while
-    two are busy waits for a slot, and gets the first one that frees, while
-    the other row is still busy (not after the whole batch, as run_once does)."""
+    """run() claims rows as they come and handles up to ``concurrency`` at
+    once: a row committed while one is busy starts at once, a third waits for
+    the first slot that frees, and a finished row is marked done while the
+    others are still busy (run_once finishes a whole batch before either)."""
     clock = SystemClock()
     started: list[int] = []
     release = {n: anyio.Event() for n in range(3)}
@@ -191,6 +192,9 @@ async def test_a_freed_slot_is_refilled_while_other_rows_are_in_flight(
     def started_are(*expected: int) -> Callable[[], bool]:
         return lambda: started == list(expected)
 
+    async def row_0_done() -> bool:
+        return bool((await rows(repo))[0].status == "Done")
+
     async def all_done() -> bool:
         return {r.status for r in await rows(repo)} == {"Done"}
 
@@ -207,6 +211,7 @@ async def test_a_freed_slot_is_refilled_while_other_rows_are_in_flight(
         release[0].set()
         await until("row 2 to take row 0's slot", started_are(0, 1, 2))
         assert busy == 2  # row 1 is still busy
+        await until("row 0 marked done while the others are busy", row_0_done)
         release[1].set()
         release[2].set()
         await until("every row done", all_done)

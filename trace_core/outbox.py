@@ -15,6 +15,7 @@ after the side effect and before marking the row done repeats it).
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import random
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -180,51 +181,69 @@ class OutboxRelay:
             return False
 
     async def run(self) -> None:
-        """Drain until :meth:`stop`, keeping up to ``concurrency`` rows in flight.
+        """Drain until :meth:`stop`, refilling the batch as rows finish.
 
-        Unlike a loop of :meth:`run_once`, which handles a whole batch before
-        it claims again, a slot that frees is refilled at once: rows that come
+        Up to ``batch_size`` rows are claimed at a time, ``concurrency`` of
+        them handled at once (euterpe-contract.md §12). Unlike a loop of
+        :meth:`run_once`, which handles a whole batch before it claims again,
+        the loop tops the batch up as soon as a row finishes: rows that come
         in one at a time (an accept request each) are handled side by side
-        instead of one after the other. Each row is marked done as soon as its
-        handler returns. With every slot busy it waits for one to free; with
-        nothing to claim, for a wake-up or the jittered poll.
+        instead of one after the other, and one slow row never holds up the
+        others. Finished rows are marked done together, one statement per
+        wake of the loop. With the batch full it waits for a row to finish;
+        with nothing to claim, for a wake-up, a finished row or the jittered
+        poll. Expired leases are reclaimed at most once per ``poll_min_seconds``.
         """
-        limit = self.config.concurrency
-        in_flight = 0
-        freed = anyio.Event()
+        limiter = anyio.CapacityLimiter(self.config.concurrency)
+        claimed = 0
+        done: list[Lease] = []
+        finished = anyio.Event()
+        next_reclaim = 0.0
 
         async def process(lease: Lease) -> None:
-            nonlocal in_flight
+            nonlocal claimed
             try:
-                if await self._handle(lease):
-                    await self.leases.complete_many([lease.fence])
+                async with limiter:
+                    if await self._handle(lease):
+                        done.append(lease)
             finally:
-                in_flight -= 1
-                freed.set()
+                claimed -= 1
+                finished.set()
+
+        async def flush() -> None:
+            if done:
+                fences = [lease.fence for lease in done]
+                done.clear()
+                await self.leases.complete_many(fences)
 
         try:
             wakeups = await self.repo.subscribe(OUTBOX_CHANNEL)
             async with anyio.create_task_group() as tg:
                 while not self._stop.is_set():
-                    free = limit - in_flight
-                    if free == 0:
-                        freed = anyio.Event()
-                        with anyio.CancelScope() as self._waiting:
-                            await freed.wait()
-                        continue
-                    await self.leases.reclaim_expired()
-                    want = min(self.config.batch_size, free)
-                    leases = await self.leases.claim_batch(self.worker_id, want)
-                    for lease in leases:
-                        in_flight += 1
-                        tg.start_soon(process, lease)
-                    if len(leases) == want or self._stop.is_set():
-                        continue
-                    wait = self._rng.uniform(
+                    finished = anyio.Event()
+                    await flush()
+                    want = self.config.batch_size - claimed
+                    if want > 0:
+                        # Expired leases are rare: look for them once per
+                        # shortest poll, not before every top-up.
+                        if anyio.current_time() >= next_reclaim:
+                            await self.leases.reclaim_expired()
+                            next_reclaim = anyio.current_time() + self.config.poll_min_seconds
+                        leases = await self.leases.claim_batch(self.worker_id, want)
+                        for lease in leases:
+                            claimed += 1
+                            tg.start_soon(process, lease)
+                        if len(leases) == want or self._stop.is_set():
+                            continue
+                    poll = self._rng.uniform(
                         self.config.poll_min_seconds, self.config.poll_max_seconds
                     )
                     with anyio.CancelScope() as self._waiting:
-                        await wakeups.wait(wait)
+                        if want > 0:
+                            await _first_of(functools.partial(wakeups.wait, poll), finished.wait)
+                        else:
+                            await finished.wait()
+            await flush()
         finally:
             self._stopped.set()
 
@@ -237,3 +256,15 @@ class OutboxRelay:
         self._stop.set()
         self._waiting.cancel()
         await self._stopped.wait()
+
+
+async def _first_of(*waits: Callable[[], Awaitable[Any]]) -> None:
+    """Return as soon as one of ``waits`` has returned (the others are cancelled)."""
+    async with anyio.create_task_group() as tg:
+
+        async def one(wait: Callable[[], Awaitable[Any]]) -> None:
+            await wait()
+            tg.cancel_scope.cancel()
+
+        for wait in waits:
+            tg.start_soon(one, wait)
