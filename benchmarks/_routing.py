@@ -64,6 +64,9 @@ from trace_core.tasks import ENQUEUE_TASK, TaskQueue
 
 __all__ = ["RoutingParams", "SqlTrace", "build_dag", "build_events", "run_routing"]
 
+_CHECKED = ("tasks", "distinct_task_keys", "new_events", "events_stored", "deliveries")
+"""What a run's check compares, logged when it fails."""
+
 SOURCE_JOB = "follow"
 DATASET = "blocks"
 
@@ -254,6 +257,7 @@ async def _counts(repo: SqlRepository, source_job: uuid.UUID) -> dict[str, Any]:
             )
         ).scalar_one()
         events = (await conn.execute(sa.select(sa.func.count()).select_from(e))).scalar_one()
+        deliveries = (await conn.execute(sa.select(sa.func.sum(e.c.deliveries)))).scalar_one()
         pending = (
             await conn.execute(sa.select(sa.func.count()).where(e.c.route_status != "routed"))
         ).scalar_one()
@@ -266,6 +270,7 @@ async def _counts(repo: SqlRepository, source_job: uuid.UUID) -> dict[str, Any]:
         "tasks": int(tasks),
         "distinct_task_keys": int(distinct_keys),
         "events_stored": int(events),
+        "deliveries": int(deliveries or 0),
         "events_not_routed": int(pending),
         "outbox": {f"{kind}:{status}": int(n) for kind, status, n in outbox},
     }
@@ -417,10 +422,12 @@ def run_routing(
         "dependents": params.dependents,
         "tasks_created": out["tasks"],
         "tasks_expected": expected,
+        "deliveries": out["deliveries"],
         "verified": out["tasks"] == expected
         and out["distinct_task_keys"] == expected
         and out["new_events"] == params.events
         and out["events_stored"] == params.events
+        and out["deliveries"] == out["events"]  # every redelivery counted
         and out["events_not_routed"] == 0,
         "seconds": round(out["seconds"], 3),
         "events_per_s": round(out["events"] / out["seconds"], 1),
@@ -466,6 +473,6 @@ def run_routing(
             expected,
             params.events,
             params.dependents,
-            {k: out[k] for k in ("tasks", "distinct_task_keys", "new_events", "events_stored")},
+            {k: out[k] for k in _CHECKED},
         )
     return row

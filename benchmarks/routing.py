@@ -14,8 +14,9 @@ a no-op ``enqueue_task`` handler, unless ``--leave-wakeups``). ``events`` and
 ``events_per_s`` count the duplicates; ``seconds`` runs from the first
 request to the last task written. By default every event is accepted, then
 routed; ``--overlap`` routes while the requests come in, as in a running
-Dispatcher (a redelivery of an event being routed then waits for that
-routing to commit: the router holds the event's row lock).
+Dispatcher. A run also checks that the stored ``deliveries`` add up to the
+events sent (redeliveries of events being routed are counted later, by the
+router: :mod:`trace_core.dispatcher.redeliveries`).
 
 On Postgres each run is followed by its floor: the same task and
 ``task_inputs`` rows written bare, by ``INSERT ... SELECT`` on the server (no

@@ -33,6 +33,7 @@ def test_routing_benchmark_counts_every_task(
     assert (run["events"], run["distinct_events"]) == (EVENTS + 60, EVENTS)
     assert run["dependents"] == DEPENDENTS
     assert run["tasks_created"] == EVENTS * DEPENDENTS
+    assert run["deliveries"] == run["events"]  # every redelivery counted
     assert run["verified"] is True
     assert run["requests"] == 4  # 260 events in requests of 70
     assert run["seconds"] == pytest.approx(run["accept_seconds"] + run["route_seconds"], abs=0.01)
@@ -62,6 +63,7 @@ def test_routing_while_accepting_counts_every_task(
     run, _ = _lines(capsys.readouterr().out)
     assert run["overlap"] is True and run["verified"] is True
     assert run["tasks_created"] == EVENTS * DEPENDENTS
+    assert run["deliveries"] == run["events"]
     assert "floor_seconds" not in run
 
 

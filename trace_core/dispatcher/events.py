@@ -3,7 +3,9 @@
 An event says that a dataset version materialized one unit of work: a cursor
 position or a partition (``{start}-{end}``, inclusive, for block ranges).
 Accepting events stores each once per ``(dataset_version, unit_key)`` — a
-redelivery only bumps its ``deliveries`` count — advances the version's
+redelivery only bumps its ``deliveries`` count (on Postgres later, through
+the router, when the event is being routed: :mod:`~trace_core.dispatcher.redeliveries`)
+— advances the version's
 coverage, and writes one ``route_event`` outbox row for the new ones, all in
 the caller's transaction. Routing happens after commit, from the outbox, so a
 crash between the two loses nothing.
@@ -27,6 +29,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from trace_core.clock import Clock, SystemClock
 from trace_core.dispatcher.coverage import record_coverage
+from trace_core.dispatcher.redeliveries import count_redeliveries, deferred_payload
 from trace_core.errors import InvalidInput, StaleClaim
 from trace_core.outbox import write_outbox
 from trace_core.storage import schema
@@ -225,7 +228,7 @@ class EventGateway:
             if producer is not None:
                 await _check_producer(conn, producer, events)
             await _check_versions(conn, events)
-            ids, fresh = await _upsert_events(st, events, producer, now)
+            ids, fresh, later = await _upsert_events(st, events, producer, now)
             first = {i: e for e, i in reversed(list(zip(events, ids, strict=True)))}
             await record_coverage(st, [first[i] for i in fresh], now=now)
             ordered_new = [i for i in dict.fromkeys(ids) if i in fresh]
@@ -236,6 +239,8 @@ class EventGateway:
                 )
                 for k in range(0, len(ordered_new), _ROUTE_CHUNK)
             ]
+            if later:
+                rows.append(NewOutboxRow(ROUTE_EVENT, deferred_payload(later, now)))
             await write_outbox(t, rows, now)
         return AcceptResult(ids, len(fresh), len(events) - len(fresh))
 
@@ -294,8 +299,9 @@ async def _upsert_events(
     events: Sequence[DatasetEvent],
     producer: Producer | None,
     now: datetime,
-) -> tuple[list[uuid.UUID], set[uuid.UUID]]:
-    """Insert new events, count redeliveries; the id of each and the new ids."""
+) -> tuple[list[uuid.UUID], set[uuid.UUID], dict[uuid.UUID, int]]:
+    """Insert new events, count redeliveries; the id of each, the new ids and
+    the redelivery counts left for the router (Postgres, events being routed)."""
     e = schema.events
     unique: dict[tuple[uuid.UUID, str], DatasetEvent] = {}
     copies: dict[tuple[uuid.UUID, str], int] = {}
@@ -337,16 +343,14 @@ async def _upsert_events(
             "tasks_created": 0,
             "tasks_existing": 0,
         }
-        # In unique-key order: the router locks the events it routes in this
-        # order too (``routing._pending``), so an accept that counts a
-        # redelivery of an event being routed waits instead of deadlocking.
+        # In unique-key order, the order routing locks events in
+        # (``routing._pending``): accepts inserting the same new units wait
+        # for each other in one order instead of deadlocking.
         for n, (_, ev) in enumerate(sorted(unique.items()))
     ]
     if pg:
-        insert = bulk_insert(e, list(rows[0]))
-        params: Any = {"rows": records_param(rows)}
-    else:
-        insert, params = tx.insert(e), rows
+        return await _upsert_events_pg(tx, events, rows, copies, now)
+    insert = tx.insert(e)
     stmt = insert.on_conflict_do_update(
         index_elements=[e.c.dataset_version, e.c.unit_key],
         set_={
@@ -354,7 +358,7 @@ async def _upsert_events(
             "last_received_at": insert.excluded.last_received_at,
         },
     ).returning(e.c.id, e.c.dataset_version, e.c.unit_key, e.c.deliveries)
-    result = await tx.connection.execute(stmt, params)
+    result = await tx.connection.execute(stmt, rows)
     by_key: dict[tuple[uuid.UUID, str], uuid.UUID] = {}
     fresh: set[uuid.UUID] = set()
     for row_id, version, unit_key, deliveries in result.all():
@@ -363,4 +367,31 @@ async def _upsert_events(
         if deliveries == copies[(version, unit_key)]:
             fresh.add(row_id)
     ids = [by_key[(ev.dataset_version, ev.unit_key)] for ev in events]
-    return ids, fresh
+    return ids, fresh, {}
+
+
+async def _upsert_events_pg(
+    tx: SqlTransaction,
+    events: Sequence[DatasetEvent],
+    rows: list[dict[str, Any]],
+    copies: Mapping[tuple[uuid.UUID, str], int],
+    now: datetime,
+) -> tuple[list[uuid.UUID], set[uuid.UUID], dict[uuid.UUID, int]]:
+    """Postgres: insert the new events; count redeliveries without waiting for
+    a routing that holds them (:mod:`~trace_core.dispatcher.redeliveries`)."""
+    e = schema.events
+    stmt = (
+        bulk_insert(e, list(rows[0]))
+        .on_conflict_do_nothing(index_elements=[e.c.dataset_version, e.c.unit_key])
+        .returning(e.c.id, e.c.dataset_version, e.c.unit_key)
+    )
+    result = await tx.connection.execute(stmt, {"rows": records_param(rows)})
+    by_key = {(version, unit_key): row_id for row_id, version, unit_key in result.all()}
+    fresh = set(by_key.values())
+    later: dict[uuid.UUID, int] = {}
+    stored = {key: n for key, n in copies.items() if key not in by_key}
+    if stored:
+        found, later = await count_redeliveries(tx.connection, stored, now)
+        by_key.update(found)
+    ids = [by_key[(ev.dataset_version, ev.unit_key)] for ev in events]
+    return ids, fresh, later

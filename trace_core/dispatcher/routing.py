@@ -36,6 +36,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from trace_core.clock import Clock, SystemClock
 from trace_core.dag.coverage import Coverage, covers, read_coverage
+from trace_core.dispatcher.redeliveries import REDELIVERIES, apply_redeliveries
 from trace_core.dispatcher.routing_sql import route_in_sql, set_based
 from trace_core.dispatcher.topology import (
     Dependent,
@@ -134,7 +135,12 @@ class EventRouter:
         self.defer_seconds = defer_seconds
 
     async def handle(self, payload: Mapping[str, Any]) -> None:
-        """Outbox handler: route ``payload["event_ids"]``; defer if a job is paused."""
+        """Outbox handler: route ``payload["event_ids"]``; defer if a job is paused.
+        A payload of redelivery counts an accept left is applied instead."""
+        if REDELIVERIES in payload:
+            async with self.repo.transaction() as tx:
+                await apply_redeliveries(as_sql(tx).connection, payload)
+            return
         report = await self.route([uuid.UUID(str(i)) for i in payload["event_ids"]])
         if report.deferred:
             raise Deferred(self.defer_seconds, f"{report.deferred} events wait for paused jobs")
