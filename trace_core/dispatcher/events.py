@@ -2,12 +2,12 @@
 
 An event says that a dataset version materialized one unit of work: a cursor
 position or a partition (``{start}-{end}``, inclusive, for block ranges).
-Accepting events stores each once per ``(dataset_version, unit_key)`` — a
-redelivery only bumps its ``deliveries`` count (on Postgres later, through
-the router, when the event is being routed: :mod:`~trace_core.dispatcher.redeliveries`)
-— advances the version's
-coverage, and writes one ``route_event`` outbox row for the new ones, all in
-the caller's transaction. Routing happens after commit, from the outbox, so a
+Accepting events stores each once per ``(dataset_version, unit_key)`` (a
+redelivery only bumps its ``deliveries`` count; on Postgres, for an event
+being routed, the router applies it later:
+:mod:`~trace_core.dispatcher.redeliveries`), advances the version's coverage,
+and writes one ``route_event`` outbox row for the new ones, all in the
+caller's transaction. Routing happens after commit, from the outbox, so a
 crash between the two loses nothing.
 
 Events from a task are fenced: only the task's current attempt may emit, and

@@ -393,9 +393,9 @@ async def _pending(conn: AsyncConnection, event_ids: Sequence[uuid.UUID]) -> lis
         wanted = e.c.id.in_(list(event_ids))
     query = _select_events().where(wanted, e.c.route_status == "pending")
     if conn.dialect.name == "postgresql":
-        # Locked in unique-key order, the order an accept upserts them in
-        # (bytewise, as Python sorts them): an accept counting a redelivery of
-        # one of them waits for this routing instead of deadlocking with it.
+        # Locked in unique-key order (bytewise, as Python sorts them), the one
+        # order every writer of event rows takes: accepts insert and count in
+        # it (skipping rows held here), and deferred counts wait in it.
         query = query.order_by(e.c.dataset_version, e.c.unit_key.collate("C")).with_for_update()
     events = [_Event(*row) for row in await conn.execute(query)]
     return sorted(events, key=lambda ev: (ev.received_at, ev.id))
