@@ -692,6 +692,7 @@ def test_public_names() -> None:
             "DEFAULT_OPERATORS",
             "DEFAULT_RUNTIMES",
             "INPUTS_WHERE_KEY",
+            "LIVE_JOBS_CHANNEL",
             "BackpressureSpec",
             "BootstrapSpec",
             "CancelTasks",

@@ -1,14 +1,16 @@
 """Source jobs on both engines: always-on runs, cron fires, manual triggers,
 bootstrap; and a running Dispatcher's loops woken by deploys, promotions and
-rollbacks."""
+rollbacks, also by a deploy from another process (Postgres)."""
 
 from __future__ import annotations
 
 import contextlib
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -706,3 +708,41 @@ async def test_a_promotion_and_a_rollback_wake_the_source_supervisor(
         assert result.current_version_id == v1.dag_version_id
         await _until("v1's new run", lambda: runs(old, ["Canceled", "Queued"]), platform, old)
     assert [r.status for r in await platform.tasks_of(new)] == ["Canceled"]
+
+
+async def test_a_deploy_by_another_process_wakes_a_running_dispatcher(
+    repo: SqlRepository,
+    clock: ManualClock,
+    engine: str,
+    database_url: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Postgres: ``trace-lite dag deploy`` run as another OS process starts a
+    running Dispatcher's always-on source now, not an interval later."""
+    if engine != "postgres":
+        pytest.skip("SQLite wake-ups are in-process; the loops' intervals pick such deploys up")
+    platform = Platform(repo, clock)
+    dispatcher = Dispatcher(repo, operators=QUEUED_OPERATORS, clock=clock, config=ASLEEP)
+    sources = _count_passes(monkeypatch, dispatcher.sources)
+    dag_file = tmp_path / "feeds.yaml"
+    dag_file.write_text(QUEUED_DAG)
+    async with _running(dispatcher):
+        await wait_until(
+            "the first pass (nothing deployed yet)",
+            lambda: len(sources) == 1,
+            time.monotonic() + WAKE_BOUND,
+            describe=lambda: sources,
+        )
+        command = [sys.executable, "-m", "trace_lite.cli", "dag", "deploy", str(dag_file)]
+        done = await anyio.run_process([*command, "--db", database_url], check=False)
+        assert done.returncode == 0, done.stderr.decode()
+        async with repo.read() as t:
+            [follow] = [j.job_id for j in await live_jobs(t.connection) if j.job_name == "follow"]
+
+        async def started() -> bool:
+            return len(await platform.tasks_of(follow)) == 1
+
+        await _until("the always-on run created", started, platform, follow)
+    [run] = await platform.tasks_of(follow)
+    assert run.dedupe_key == source_run_key(follow)

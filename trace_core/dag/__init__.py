@@ -21,7 +21,7 @@ from trace_core.dag.hashing import (
     job_config_hashes,
     yaml_hash,
 )
-from trace_core.dag.live import LiveJob, live_jobs
+from trace_core.dag.live import LIVE_JOBS_CHANNEL, LiveJob, live_jobs
 from trace_core.dag.loader import DagDocument, load_dag, parse_dag
 from trace_core.dag.problems import DagValidationError, LineMap, Problem
 from trace_core.dag.spec import (
@@ -45,6 +45,7 @@ __all__ = [
     "DEFAULT_OPERATORS",
     "DEFAULT_RUNTIMES",
     "INPUTS_WHERE_KEY",
+    "LIVE_JOBS_CHANNEL",
     "BackpressureSpec",
     "BootstrapSpec",
     "CancelTasks",

@@ -3,7 +3,8 @@
 A DAG version's status moves ``building -> current -> superseded``, or to
 ``abandoned`` when a rollback or a newer deploy drops it. At most one version
 of a DAG is ``current`` (``dag_current_versions`` points at it) and at most
-one is ``building``. Every change is one transaction under the DAG's lock.
+one is ``building``. Every change is one transaction under the DAG's lock,
+which notifies :data:`~trace_core.dag.live.LIVE_JOBS_CHANNEL` on commit.
 
 Swapping makes a version current and, since a DAG reading another DAG's
 dataset follows that producer's *current* version, repoints the consumers'
@@ -36,6 +37,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from trace_core.clock import Clock
 from trace_core.dag.coverage import Coverage, covers, read_coverage
+from trace_core.dag.live import LIVE_JOBS_CHANNEL
 from trace_core.dag.registry import (
     Pointers,
     current_version_id,
@@ -254,6 +256,7 @@ async def promote_if_caught_up(
         await swap_current(
             tx, org_id=org_id, dag_name=dag_name, version_id=dag_version_id, now=clock.now()
         )
+        tx.notify(LIVE_JOBS_CHANNEL)
         return True
 
 
@@ -316,6 +319,7 @@ async def rollback(
             restored, abandoned = previous, [current]
         keep = set((await pointers(conn, restored)).values())
         to_cancel = await abandon_versions(conn, abandoned, keep=keep)
+        tx.notify(LIVE_JOBS_CHANNEL)
     if to_cancel:
         await resolve_cancel(repo, clock, cancel)(
             to_cancel, f"rollback of dag '{dag_name}': its version was abandoned"

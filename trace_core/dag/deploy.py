@@ -60,6 +60,7 @@ from trace_core.dag.activation import (
     swap_current,
 )
 from trace_core.dag.hashing import yaml_hash as compute_yaml_hash
+from trace_core.dag.live import LIVE_JOBS_CHANNEL
 from trace_core.dag.loader import DagDocument
 from trace_core.dag.problems import DagValidationError
 from trace_core.dag.registry import (
@@ -170,6 +171,7 @@ async def deploy(
                 tx, document, org_id, slug, version_id, stored_hash, storage_root, now
             )
         status, abandoned, to_cancel = await _activate(tx, org_id, spec.dag, version_id, now)
+        tx.notify(LIVE_JOBS_CHANNEL)
     if to_cancel:
         await resolve_cancel(repo, clock, cancel)(
             to_cancel, f"dag '{spec.dag}' redeployed: its building version was abandoned"

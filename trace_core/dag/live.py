@@ -8,6 +8,11 @@ live: the current version's job already produces those dataset versions.
 
 Two queries, whatever the number of jobs: the jobs of current and building
 versions, and the pointer sets of those versions.
+
+Every transaction that changes the live set (a deploy that changed anything,
+a promotion, a rollback) notifies :data:`LIVE_JOBS_CHANNEL`, so a running
+Dispatcher acts on it at once, also when the change was made by another
+process (``trace-lite dag deploy``) on Postgres.
 """
 
 from __future__ import annotations
@@ -23,7 +28,10 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from trace_core.dag.validate import INPUTS_WHERE_KEY
 from trace_core.storage import schema
 
-__all__ = ["LiveJob", "live_jobs"]
+__all__ = ["LIVE_JOBS_CHANNEL", "LiveJob", "live_jobs"]
+
+LIVE_JOBS_CHANNEL = "trace_live_jobs"
+"""Notified on commit of every change to the live jobs (deploy, promotion, rollback)."""
 
 Role = Literal["current", "building"]
 

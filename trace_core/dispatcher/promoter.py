@@ -8,17 +8,16 @@ up. Each pass of :class:`VersionPromoter` asks
 whose new dataset versions cover the current ones are swapped in.
 
 Promotion is per DAG, not per job, so nothing is journaled (the job journal
-is per job); each promotion is logged at INFO, and a pass that promoted calls
-``on_promoted`` (the Dispatcher wakes the services that act on live jobs). A
-version whose check fails is logged and retried next pass, without holding
-back the other DAGs.
+is per job); each promotion is logged at INFO, and its transaction notifies
+:data:`~trace_core.dag.LIVE_JOBS_CHANNEL` (a running Dispatcher wakes the
+services that act on live jobs). A version whose check fails is logged and
+retried next pass, without holding back the other DAGs.
 """
 
 from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import sqlalchemy as sa
@@ -54,14 +53,11 @@ class VersionPromoter(PeriodicService):
         *,
         clock: Clock | None = None,
         config: PromoterConfig | None = None,
-        on_promoted: Callable[[], None] | None = None,
     ) -> None:
         self.config = config or PromoterConfig()
         super().__init__(self.config.interval_seconds)
         self.repo = repo
         self.clock = clock or SystemClock()
-        self.on_promoted = on_promoted
-        """Called after a pass that promoted at least one version."""
 
     async def run_once(self) -> list[uuid.UUID]:
         """Promote every caught-up ``building`` version; the ids now current.
@@ -90,6 +86,4 @@ class VersionPromoter(PeriodicService):
                 continue
             log.info("dag %s: version %s caught up and is now current", dag_name, version_id)
             promoted.append(version_id)
-        if promoted and self.on_promoted is not None:
-            self.on_promoted()
         return promoted

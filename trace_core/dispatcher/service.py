@@ -8,9 +8,12 @@ monitor, the idle scaler and the version promoter. ``run_once()`` runs one
 round of all of them in a fixed order, which is how tests and single-step
 tools drive it without clocks or sleeps; ``start``/``stop`` run them as loops.
 
-A deploy, a rollback and a promotion change which jobs are live: each wakes
-the loops that act on live jobs (sources, cron; after a deploy also backfill
-and the promoter), so an always-on source starts now, not a tick later.
+A deploy, a rollback and a promotion change which jobs are live: each
+notifies a channel on commit, and the running Dispatcher wakes the loops that
+act on live jobs (sources, cron, backfill, the promoter), so an always-on
+source starts now, not a tick later. On Postgres that includes changes made
+by other processes, such as ``trace-lite dag deploy``
+(:mod:`trace_core.dispatcher.live_watch`).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from trace_core.dispatcher.events import ROUTE_EVENT, EventGateway
 from trace_core.dispatcher.explain import Explanation, explain_job
 from trace_core.dispatcher.inprocess import InProcessLambdaInvoker, InProcessWakeupQueue
 from trace_core.dispatcher.launcher import TaskLauncher
+from trace_core.dispatcher.live_watch import LiveJobsWatcher
 from trace_core.dispatcher.manual import ManualTrigger
 from trace_core.dispatcher.metrics import render_metrics
 from trace_core.dispatcher.operator_state import OperatorStateStore
@@ -146,9 +150,8 @@ class Dispatcher:
         )
         self.scaler = IdleScaler(repo, clock=clock_, config=cfg.scale)
         self.backfill = Backfiller(repo, self.router, clock=clock_, config=cfg.backfill)
-        self.promoter = VersionPromoter(
-            repo, clock=clock_, config=cfg.promoter, on_promoted=self._live_jobs_changed
-        )
+        self.promoter = VersionPromoter(repo, clock=clock_, config=cfg.promoter)
+        self.live_watch = LiveJobsWatcher(repo, self._live_jobs_changed)
         self.manual = ManualTrigger(repo, clock=clock_, tasks=self.tasks, gateway=self.gateway)
         self.state = OperatorStateStore(repo, clock=clock_)
 
@@ -157,11 +160,11 @@ class Dispatcher:
     async def deploy(self, document: DagDocument, *, org_slug: str | None = None) -> DeployResult:
         """Deploy a DAG; its operators and runtimes must be registered here.
 
-        The loops that act on live jobs pass at once: sources start, cron
-        schedules begin, a building version is backfilled and checked for
-        promotion without waiting for their interval.
+        Once it commits, the running loops that act on live jobs pass at once:
+        sources start, cron schedules begin, a building version is backfilled
+        and checked for promotion without waiting for their interval.
         """
-        result = await deploy(
+        return await deploy(
             self.repo,
             document,
             clock=self.clock,
@@ -171,25 +174,22 @@ class Dispatcher:
             runtimes=self.runtimes.names(),
             cancel=self.tasks.cancel,
         )
-        self.backfill.wake()
-        self.promoter.wake()
-        self._live_jobs_changed()
-        return result
 
     async def rollback(self, dag_name: str, *, org_slug: str = "default") -> RollbackResult:
         """Undo the last deploy of ``dag_name``; abandoned work is canceled."""
-        result = await rollback(
+        return await rollback(
             self.repo, dag_name, org_slug=org_slug, clock=self.clock, cancel=self.tasks.cancel
         )
-        self._live_jobs_changed()
-        return result
 
     def _live_jobs_changed(self) -> None:
         """Start the next pass of the loops that act on live jobs now.
 
         Without it a new always-on source would start (and a superseded one
-        stop, a cron schedule begin) only at the end of their interval.
+        stop, a cron schedule begin, a building version be backfilled) only at
+        the end of their interval.
         """
+        self.backfill.wake()
+        self.promoter.wake()
         self.sources.wake()
         self.cron.wake()
 
@@ -240,7 +240,9 @@ class Dispatcher:
             await service.stop()
 
     def _services(self) -> list[Any]:
+        # The watcher first: a change committed while the others start wakes them.
         return [
+            self.live_watch,
             self.relay,
             self.backfill,
             self.promoter,
