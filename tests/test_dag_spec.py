@@ -23,6 +23,7 @@ from trace_core.dag import (
     parse_duration,
     yaml_hash,
 )
+from trace_core.limits import MAX_RANGE_BOUND
 from trace_lite.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -487,6 +488,16 @@ def test_output_range_rules() -> None:
     )
     assert found[0].startswith(
         "dag.yaml:10: jobs[0].outputs[0].range.start: -1 is too small — must be >= 0"
+    )
+    found = problems(
+        edit(
+            "      - dataset: blocks\n",
+            f"      - dataset: blocks\n        range: {{ start: 0, end: {MAX_RANGE_BOUND + 1} }}\n",
+        )
+    )
+    assert found[0].startswith(
+        f"dag.yaml:10: jobs[0].outputs[0].range.end: {MAX_RANGE_BOUND + 1} is too large — "
+        f"must be <= {MAX_RANGE_BOUND}"
     )
 
 

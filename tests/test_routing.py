@@ -19,6 +19,7 @@ from trace_core.dag import DeployResult, deploy, parse_dag
 from trace_core.dispatcher.events import DatasetEvent, EventGateway, Producer, parse_events
 from trace_core.dispatcher.routing import EventRouter
 from trace_core.errors import InvalidInput, StaleClaim
+from trace_core.limits import MAX_BIGINT, MAX_RANGE_BOUND
 from trace_core.model import Fence
 from trace_core.outbox import OutboxRelay
 from trace_core.storage import schema
@@ -179,6 +180,45 @@ async def test_cursor_events_per_update(world: World) -> None:
     blocks, v = world.pointer("blocks")
     keys = [r.dedupe_key for r in await world.tasks_of("per_update")]
     assert keys == [f"cursor:{blocks}:{v}:{c}" for c in (5, 6, 7)]
+
+
+async def test_the_largest_cursor_and_range_bound_are_stored_and_routed(world: World) -> None:
+    """The limits of :mod:`trace_core.limits` fit the columns and the coverage
+    ranges (Postgres keeps ``[start, end + 1)`` as an ``int8range``)."""
+    top = MAX_RANGE_BOUND
+    await world.emit([world.cursor("blocks", MAX_BIGINT), world.partition("blocks", top, top)])
+    await world.emit([world.partition("txs", top, top)])
+    await world.route_all()
+    blocks, v = world.pointer("blocks")
+    assert [r.dedupe_key for r in await world.tasks_of("per_update")] == [
+        f"cursor:{blocks}:{v}:{MAX_BIGINT}",
+        f"partition:{blocks}:{v}:{top}-{top}",
+    ]
+    assert f"partition:{blocks}:{v}:{top}-{top}" in {
+        r.dedupe_key for r in await world.tasks_of("join")
+    }
+
+
+@pytest.mark.parametrize(
+    ("numbers", "field"),
+    [
+        ({"cursor": MAX_BIGINT + 1}, "event.cursor"),
+        ({"cursor": -1}, "event.cursor"),
+        ({"partition_key": f"0-{MAX_BIGINT}", "start": 0, "end": MAX_BIGINT}, "event.end"),
+        ({"partition_key": "-1-2", "start": -1, "end": 2}, "event.start"),
+    ],
+    ids=["cursor-too-large", "cursor-negative", "end-too-large", "start-negative"],
+)
+def test_event_numbers_out_of_their_columns_range_name_the_field(
+    numbers: dict[str, Any], field: str
+) -> None:
+    with pytest.raises(InvalidInput) as err:
+        DatasetEvent(uuid.uuid4(), uuid.uuid4(), **numbers)
+    assert err.value.field == field
+    doc = {"dataset_uuid": str(uuid.uuid4()), "dataset_version": str(uuid.uuid4()), **numbers}
+    with pytest.raises(InvalidInput) as err:
+        parse_events([doc])
+    assert err.value.field == field.replace("event", "events[0]")
 
 
 async def test_task_inputs_record_the_input_versions(world: World, repo: SqlRepository) -> None:

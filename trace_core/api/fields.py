@@ -17,6 +17,7 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
+from trace_core.limits import MAX_BIGINT, MAX_RANGE_BOUND
 from trace_core.security.tokens import DEFAULT_MAX_TOKEN_BYTES
 
 __all__ = [
@@ -42,7 +43,6 @@ MAX_EVENTS = 10_000
 """Events in one request; a larger batch is split by the worker."""
 
 _INT4 = 2**31 - 1  # tasks.attempt is a 32-bit integer column
-_INT8 = 2**63 - 1  # cursors and partition bounds are BIGINT columns
 _MAX_TEXT = 256  # names, keys, cursors: the core's limit for event texts
 _MAX_JSON_DEPTH = 32
 
@@ -103,8 +103,8 @@ def check_cursor(value: object) -> object:
         return value if value is None else check_text(value)
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError("must be an integer or a string")
-    if not 0 <= value <= _INT8:
-        raise ValueError(f"must be within 0..{_INT8}")
+    if not 0 <= value <= MAX_BIGINT:
+        raise ValueError(f"must be within 0..{MAX_BIGINT}")
     return value
 
 
@@ -114,8 +114,8 @@ LongText = Annotated[str, AfterValidator(check_text)]
 """Free text (error messages); truncated by the handler, bounded by the body cap."""
 Attempt = Annotated[int, Field(strict=True, ge=1, le=_INT4)]
 """A task attempt number (1-based)."""
-Offset = Annotated[int, Field(strict=True, ge=0, le=_INT8)]
-"""A block-range bound (non-negative BIGINT)."""
+Offset = Annotated[int, Field(strict=True, ge=0, le=MAX_RANGE_BOUND)]
+"""A block-range bound (its ``end + 1`` fits in a BIGINT)."""
 JsonObject = Annotated[dict[str, Any], AfterValidator(_json_object)]
 """Free-form JSON object, checked for what the state database cannot store."""
 StrictBool = Annotated[bool, Field(strict=True)]

@@ -220,6 +220,9 @@ def _structure_problems(exc: pydantic.ValidationError, file: str, lines: LineMap
             bound = ">" if kind == "greater_than" else ">="
             limit = (err.get("ctx") or {}).get("gt" if kind == "greater_than" else "ge")
             message = f"{err['input']!r} is too small — must be {bound} {limit}"
+        elif kind == "less_than_equal":
+            limit = (err.get("ctx") or {}).get("le")
+            message = f"{err['input']!r} is too large — must be <= {limit}"
         elif kind == "literal_error":
             expected = (err.get("ctx") or {}).get("expected", "")
             message = f"{err['input']!r} is not allowed — must be {expected}"

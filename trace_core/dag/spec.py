@@ -64,6 +64,8 @@ from pydantic import (
     StrictStr,
 )
 
+from trace_core.limits import MAX_RANGE_BOUND
+
 __all__ = [
     "DEFAULT_OPERATORS",
     "DEFAULT_RUNTIMES",
@@ -181,11 +183,14 @@ class BootstrapSpec(_Spec):
     deploy gets fresh dataset versions for this source and everything downstream."""
 
 
+RangeBound = Annotated[StrictInt, Field(ge=0, le=MAX_RANGE_BOUND)]
+
+
 class RangeSpec(_Spec):
     """Inclusive block range an output covers (``dataset_versions.range_*``)."""
 
-    start: NonNegativeInt
-    end: NonNegativeInt
+    start: RangeBound
+    end: RangeBound
 
 
 class OutputSpec(_Spec):

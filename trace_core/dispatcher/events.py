@@ -31,6 +31,7 @@ from trace_core.clock import Clock, SystemClock
 from trace_core.dispatcher.coverage import record_coverage
 from trace_core.dispatcher.redeliveries import count_redeliveries, deferred_payload
 from trace_core.errors import InvalidInput, StaleClaim
+from trace_core.limits import MAX_BIGINT, MAX_RANGE_BOUND
 from trace_core.outbox import write_outbox
 from trace_core.storage import schema
 from trace_core.storage.bulk import bulk_insert, id_block, records_param
@@ -65,11 +66,11 @@ def _as_uuid(value: object, field: str) -> uuid.UUID:
         raise InvalidInput(field, f"{value[:64]!r} is not a UUID") from None
 
 
-def _as_int(value: object, field: str) -> int:
+def _as_int(value: object, field: str, top: int = MAX_BIGINT) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidInput(field, "must be an integer")
-    if value < 0:
-        raise InvalidInput(field, "must be >= 0")
+    if not 0 <= value <= top:
+        raise InvalidInput(field, f"must be within 0..{top}")
     return value
 
 
@@ -95,14 +96,16 @@ class DatasetEvent:
             raise InvalidInput(f"{field}.cursor", "must be an integer or a string")
         if isinstance(self.cursor, str) and not 0 < len(self.cursor) <= _MAX_TEXT:
             raise InvalidInput(f"{field}.cursor", f"must be 1..{_MAX_TEXT} characters")
-        if isinstance(self.cursor, int) and self.cursor < 0:
-            raise InvalidInput(f"{field}.cursor", "must be >= 0")
+        if isinstance(self.cursor, int):
+            _as_int(self.cursor, f"{field}.cursor")
         if (self.start is None) != (self.end is None):
             raise InvalidInput(field, "'start' and 'end' go together")
         if self.partition_key is not None:
             if not 0 < len(self.partition_key) <= _MAX_TEXT:
                 raise InvalidInput(f"{field}.partition_key", f"must be 1..{_MAX_TEXT} characters")
             if self.start is not None and self.end is not None:
+                _as_int(self.start, f"{field}.start", MAX_RANGE_BOUND)
+                _as_int(self.end, f"{field}.end", MAX_RANGE_BOUND)
                 if self.start > self.end:
                     raise InvalidInput(f"{field}.end", "must be >= start")
                 if self.partition_key != f"{self.start}-{self.end}":
@@ -145,8 +148,8 @@ class DatasetEvent:
             ("dataset_version", _as_uuid(doc["dataset_version"], f"{field}.dataset_version")),
             ("cursor", cursor),
             ("partition_key", key),
-            ("start", None if start is None else _as_int(start, f"{field}.start")),
-            ("end", None if end is None else _as_int(end, f"{field}.end")),
+            ("start", None if start is None else _as_int(start, f"{field}.start", MAX_RANGE_BOUND)),
+            ("end", None if end is None else _as_int(end, f"{field}.end", MAX_RANGE_BOUND)),
         ):
             object.__setattr__(event, name, value)
         event.validate(field)
