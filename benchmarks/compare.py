@@ -8,7 +8,8 @@ The peers run in their own virtualenv (``--peers-venv``, default
 their dependencies never mix with Trace's. One throwaway PostgreSQL cluster
 serves both sides. Each run measures every pair, the two sides back to back
 (which goes first alternates by run, so a drift of the machine does not
-always favour the same side). Pairs:
+always favour the same side), each after a ``CHECKPOINT`` so that neither
+pays for the other's dirty pages. Pairs:
 
 ``postgres-drain``
     ``benchmarks.queue --engine postgres`` (4 worker processes, 1 consumer
@@ -38,7 +39,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import psycopg
+
 from benchmarks._common import configure_logging, emit, load_average, log, median
+from trace_core.storage.url import parse_database_url
 from trace_lite.pgcluster import PostgresCluster
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -113,6 +117,11 @@ class Sides:
         self.url = server_url
         self.peers = str(peers)
 
+    def settle(self) -> None:
+        """Flush what the previous side left dirty, so neither side pays for the other's writes."""
+        with psycopg.connect(parse_database_url(self.url).conninfo(), autocommit=True) as conn:
+            conn.execute("CHECKPOINT")
+
     def trace(self, pair: str) -> dict[str, Any]:
         queue = [sys.executable, "-m", "benchmarks.queue"]
         if pair == "postgres-drain":
@@ -152,7 +161,10 @@ def _measure(pair: str, run: int, sides: Sides) -> dict[str, Any]:
     if run % 2:
         order.reverse()
     load = load_average()
-    got = {side: measure(pair) for side, measure in order}
+    got: dict[str, dict[str, Any]] = {}
+    for side, measure in order:
+        sides.settle()
+        got[side] = measure(pair)
     trace_figure = float(got["trace"][trace_key])
     # A peer summary reports its only run's figure under median_jobs_per_s.
     peer_row = got["peer"]
