@@ -20,11 +20,10 @@ import json
 import multiprocessing as mp
 import os
 import shutil
-import statistics
 import tempfile
 import time
-from pathlib import Path
 
+from _peer_common import family_cpu_s, machine_busy_s, print_summary
 from huey import SqliteHuey
 from huey.storage import SqliteStorage
 
@@ -69,27 +68,6 @@ def _consume(huey: SqliteHuey, workers: int, worker_type: str) -> None:
     consumer.run()
 
 
-def _busy() -> float:
-    f = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
-    return (sum(f[:8]) - f[3] - f[4]) / os.sysconf("SC_CLK_TCK")
-
-
-def _tree_cpu(pid: int) -> float:
-    """CPU of pid and its live children (utime+stime+cutime+cstime)."""
-    total = 0.0
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            st = Path(f"/proc/{name}/stat").read_text()
-        except OSError:
-            continue
-        f = st[st.rindex(")") + 2 :].split()
-        if int(name) == pid or int(f[1]) == pid:
-            total += sum(int(x) for x in f[11:15]) / os.sysconf("SC_CLK_TCK")
-    return total
-
-
 def run_once(args: argparse.Namespace, run: int, tmp: str) -> dict:
     path = os.path.join(tmp, f"huey-{run}.db")
     huey, noop = build(path, args.sync)
@@ -102,7 +80,7 @@ def run_once(args: argparse.Namespace, run: int, tmp: str) -> dict:
     ctx = mp.get_context("fork")
     load = os.getloadavg()[0]
     proc = ctx.Process(target=_consume, args=(huey, args.workers, args.worker_type))
-    b0 = _busy()
+    b0 = machine_busy_s()
     started = time.monotonic()
     proc.start()
     while COUNTER.value < args.jobs:
@@ -110,8 +88,8 @@ def run_once(args: argparse.Namespace, run: int, tmp: str) -> dict:
         if time.monotonic() - started > 3600:
             raise RuntimeError("timeout")
     seconds = time.monotonic() - started
-    b1 = _busy()
-    cpu = _tree_cpu(proc.pid)  # the workers are still alive: their own time
+    b1 = machine_busy_s()
+    cpu = family_cpu_s(proc.pid)  # the workers are still alive: their own time
     proc.terminate()
     proc.join(timeout=30)
     left = huey.pending_count()
@@ -152,22 +130,13 @@ def main() -> None:
             rows.append(row)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    print(
-        json.dumps(
-            {
-                "peer": "huey",
-                "summary": True,
-                "runs": args.runs,
-                "workers": args.workers,
-                "worker_type": args.worker_type,
-                "sync": args.sync,
-                "jobs": args.jobs,
-                "median_jobs_per_s": statistics.median(r["jobs_per_s"] for r in rows),
-                "jobs_per_s_all": [r["jobs_per_s"] for r in rows],
-                "all_verified": all(r["verified"] for r in rows),
-            }
-        ),
-        flush=True,
+    print_summary(
+        "huey",
+        rows,
+        workers=args.workers,
+        worker_type=args.worker_type,
+        sync=args.sync,
+        jobs=args.jobs,
     )
 
 

@@ -19,13 +19,12 @@ import asyncio
 import json
 import multiprocessing as mp
 import os
-import statistics
 import sys
 import time
 import uuid
-from pathlib import Path
 
 import asyncpg
+from _peer_common import family_cpu_s, machine_busy_s, print_summary, proc_stat
 
 
 def _dsn(server: str, db: str) -> str:
@@ -104,39 +103,16 @@ async def _drop(server: str, name: str) -> None:
     await admin.close()
 
 
-def _stat(pid):  # type: ignore[no-untyped-def]
-    try:
-        st = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    f = st[st.rindex(")") + 2 :].split()
-    return int(f[1]), sum(int(x) for x in f[11:15]) / os.sysconf("SC_CLK_TCK")
-
-
 def _postmaster(server: str) -> int:
     async def q() -> int:
         c = await asyncpg.connect(server)
         pid = await c.fetchval("SELECT pg_backend_pid()")
-        ppid = _stat(int(pid))[0]  # while the backend is alive
+        stat = proc_stat(int(pid))  # while the backend is alive
         await c.close()
-        return ppid
+        assert stat is not None
+        return stat[0]
 
     return asyncio.run(q())
-
-
-def _server_cpu(pm: int) -> float:
-    total = 0.0
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            st = _stat(name)
-            if st and (st[0] == pm or int(name) == pm):
-                total += st[1]
-    return total
-
-
-def _busy() -> float:
-    f = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
-    return (sum(f[:8]) - f[3] - f[4]) / os.sysconf("SC_CLK_TCK")
 
 
 def run_once(args: argparse.Namespace, run: int) -> dict:
@@ -156,13 +132,13 @@ def run_once(args: argparse.Namespace, run: int) -> dict:
     barrier.wait(timeout=120)
     load = os.getloadavg()[0]
     pm = _postmaster(args.db)
-    pg0 = _server_cpu(pm)
-    b0 = _busy()
+    pg0 = family_cpu_s(pm)
+    b0 = machine_busy_s()
     started = time.monotonic()
     go.set()
     outs = [results.get(timeout=3600) for _ in procs]
-    b1 = _busy()
-    pg1 = _server_cpu(pm)
+    b1 = machine_busy_s()
+    pg1 = family_cpu_s(pm)
     for p in procs:
         p.join(timeout=60)
     if any("error" in o for o in outs):
@@ -208,21 +184,7 @@ def main() -> None:
         row = run_once(args, run)
         print(json.dumps(row), flush=True)
         rows.append(row)
-    print(
-        json.dumps(
-            {
-                "peer": "pgqueuer",
-                "summary": True,
-                "runs": args.runs,
-                "workers": args.workers,
-                "jobs": args.jobs,
-                "median_jobs_per_s": statistics.median(r["jobs_per_s"] for r in rows),
-                "jobs_per_s_all": [r["jobs_per_s"] for r in rows],
-                "all_verified": all(r["verified"] for r in rows),
-            }
-        ),
-        flush=True,
-    )
+    print_summary("pgqueuer", rows, workers=args.workers, jobs=args.jobs)
 
 
 if __name__ == "__main__":
