@@ -14,6 +14,7 @@ session that is running then, not a stopped one.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 from collections.abc import Iterator
@@ -42,10 +43,19 @@ TEST_SPARK_CONFIG = SparkConfig(
 
 
 @pytest.fixture(scope="session")
-def spark_provider() -> Iterator[SparkSessionProvider]:
+def spark_config(tmp_path_factory: pytest.TempPathFactory) -> SparkConfig:
+    """:data:`TEST_SPARK_CONFIG` with the catalog's warehouse in a temporary
+    directory: a view or table made by a test never lands in the checkout."""
+    warehouse = tmp_path_factory.mktemp("spark-warehouse")
+    conf = {**TEST_SPARK_CONFIG.conf, "spark.sql.warehouse.dir": str(warehouse)}
+    return dataclasses.replace(TEST_SPARK_CONFIG, conf=conf)
+
+
+@pytest.fixture(scope="session")
+def spark_provider(spark_config: SparkConfig) -> Iterator[SparkSessionProvider]:
     """The process's provider; stopped at the end of the test session."""
     pytest.importorskip("pyspark")
-    provider = SparkSessionProvider(TEST_SPARK_CONFIG)
+    provider = SparkSessionProvider(spark_config)
     try:
         yield provider
     finally:
@@ -59,14 +69,16 @@ def spark(spark_provider: SparkSessionProvider) -> SparkSession:
 
 
 @pytest.fixture
-def own_spark_provider(spark_provider: SparkSessionProvider) -> Iterator[SparkSessionProvider]:
+def own_spark_provider(
+    spark_provider: SparkSessionProvider, spark_config: SparkConfig
+) -> Iterator[SparkSessionProvider]:
     """A provider of this test's own, for tests that kill or stop its JVM.
 
     The shared session is stopped first (the JVM is the process's, and a
     second provider would share its context), and this one at the end.
     """
     spark_provider.stop()
-    provider = SparkSessionProvider(TEST_SPARK_CONFIG)
+    provider = SparkSessionProvider(spark_config)
     try:
         yield provider
     finally:
