@@ -49,11 +49,13 @@ ROOT = Path(__file__).resolve().parent.parent
 PEERS = ROOT / "benchmarks" / "peers"
 PAIRS = ("postgres-drain", "sqlite-drain", "postgres-latency")
 
-# (side, higher is better) of each pair's figure.
+# Each pair's figure: what it is, its key in Trace's row, its key in the
+# peer's row, and whether higher is better. A drain peer's row is its
+# one-run summary.
 _FIGURES = {
-    "postgres-drain": ("tasks_per_s", "jobs_per_s", True),
-    "sqlite-drain": ("tasks_per_s", "jobs_per_s", True),
-    "postgres-latency": ("median_ms", "median_ms", False),
+    "postgres-drain": ("tasks_per_s / jobs_per_s", "tasks_per_s", "median_jobs_per_s", True),
+    "sqlite-drain": ("tasks_per_s / jobs_per_s", "tasks_per_s", "median_jobs_per_s", True),
+    "postgres-latency": ("median_ms", "median_ms", "median_ms", False),
 }
 
 
@@ -141,8 +143,8 @@ class Sides:
     def peer(self, pair: str) -> dict[str, Any]:
         if pair == "postgres-drain":
             script = [self.peers, str(PEERS / "pgqueuer_drain.py"), "--db", self.url]
-            rows = _json_rows([*script, "--jobs", str(self.args.tasks), "--workers", "4"])
-            return _only(rows, peer="pgqueuer", summary=True)
+            jobs = ["--jobs", str(self.args.tasks), "--workers", "4", "--runs", "1"]
+            return _only(_json_rows([*script, *jobs]), peer="pgqueuer", summary=True)
         if pair == "sqlite-drain":
             script = [self.peers, str(PEERS / "huey_drain.py"), "--jobs", str(self.args.tasks)]
             rows = _json_rows([*script, "--workers", "4", "--sync", "normal", "--runs", "1"])
@@ -153,7 +155,7 @@ class Sides:
 
 
 def _measure(pair: str, run: int, sides: Sides) -> dict[str, Any]:
-    trace_key, peer_key, higher_better = _FIGURES[pair]
+    figure, trace_key, peer_key, higher_better = _FIGURES[pair]
     order: list[tuple[str, Callable[[str], dict[str, Any]]]] = [
         ("trace", sides.trace),
         ("peer", sides.peer),
@@ -166,9 +168,8 @@ def _measure(pair: str, run: int, sides: Sides) -> dict[str, Any]:
         sides.settle()
         got[side] = measure(pair)
     trace_figure = float(got["trace"][trace_key])
-    # A peer summary reports its only run's figure under median_jobs_per_s.
     peer_row = got["peer"]
-    peer_figure = float(peer_row.get(peer_key, peer_row.get(f"median_{peer_key}", 0.0)))
+    peer_figure = float(peer_row[peer_key])
     ratio = trace_figure / peer_figure if higher_better else peer_figure / trace_figure
     return {
         "pair": pair,
@@ -176,7 +177,7 @@ def _measure(pair: str, run: int, sides: Sides) -> dict[str, Any]:
         "first": order[0][0],
         "trace": trace_figure,
         "peer": peer_figure,
-        "figure": trace_key if trace_key == peer_key else f"{trace_key} / {peer_key}",
+        "figure": figure,
         "trace_row": got["trace"],
         "peer_row": peer_row,
         "ratio": round(ratio, 3),

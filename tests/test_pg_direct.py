@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncIterator
 from datetime import datetime
 
 import anyio
 import pytest
 import sqlalchemy as sa
 
-from tests.conftest import PostgresServer
 from tests.factories import make_job, wait_until
 from trace_core.clock import ManualClock
 from trace_core.errors import (
@@ -34,12 +32,10 @@ pytestmark = pytest.mark.anyio
 
 
 @pytest.fixture
-async def pg(postgres_server: PostgresServer) -> AsyncIterator[SqlRepository]:
-    repository = SqlRepository(postgres_server.fresh_database())
-    try:
-        yield repository
-    finally:
-        await repository.close()
+def engine() -> str:
+    """The direct driver path is Postgres's: ``repo`` (tests/conftest.py) is a
+    fresh Postgres database here."""
+    return "postgres"
 
 
 def direct_pool(repo: SqlRepository) -> DirectPool:
@@ -48,37 +44,37 @@ def direct_pool(repo: SqlRepository) -> DirectPool:
     return pool
 
 
-async def test_a_statement_scope_offers_protocol_operations_only(pg: SqlRepository) -> None:
-    async with pg.statement() as tx:
+async def test_a_statement_scope_offers_protocol_operations_only(repo: SqlRepository) -> None:
+    async with repo.statement() as tx:
         with pytest.raises(ConfigurationError, match=r"autocommit\(\)"):
             _ = tx.connection
-    async with pg.autocommit() as tx:
+    async with repo.autocommit() as tx:
         assert (await tx.connection.execute(sa.select(sa.literal(1)))).scalar() == 1
 
 
 async def test_driver_errors_are_translated_as_through_sqlalchemy(
-    pg: SqlRepository, clock: ManualClock
+    repo: SqlRepository, clock: ManualClock
 ) -> None:
-    tq = TaskQueue(pg, clock=clock)
+    tq = TaskQueue(repo, clock=clock)
     unknown_job = NewTask(uuid.uuid4())
     with pytest.raises(DuplicateItem, match="constraint violated"):
         await tq.create([unknown_job])  # direct: one statement
     with pytest.raises(DuplicateItem, match="constraint violated"):
-        async with pg.transaction() as tx:
+        async with repo.transaction() as tx:
             await tq.create([unknown_job], tx=tx)
     naive = datetime(2026, 1, 1)
-    async with pg.statement() as tx:
+    async with repo.statement() as tx:
         with pytest.raises(StorageError, match="naive datetime"):
             await tx.claim(TASKS, worker_id="w", lease_seconds=5, now=naive)
 
 
 async def test_a_connection_killed_under_it_is_dropped_not_reused(
-    pg: SqlRepository, clock: ManualClock
+    repo: SqlRepository, clock: ManualClock
 ) -> None:
-    tq = TaskQueue(pg, clock=clock)
+    tq = TaskQueue(repo, clock=clock)
     assert await tq.claim_batch("w", 1) == []
-    assert direct_pool(pg).idle == 1
-    async with pg.autocommit() as tx:
+    assert direct_pool(repo).idle == 1
+    async with repo.autocommit() as tx:
         await tx.connection.execute(
             sa.text(
                 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
@@ -87,28 +83,28 @@ async def test_a_connection_killed_under_it_is_dropped_not_reused(
         )
     with pytest.raises(DatabaseUnavailable):
         await tq.claim_batch("w", 1)
-    assert direct_pool(pg).idle == 0
+    assert direct_pool(repo).idle == 0
     assert await tq.claim_batch("w", 1) == []  # a new connection
-    assert direct_pool(pg).idle == 1
+    assert direct_pool(repo).idle == 1
 
 
 async def test_a_cancelled_statement_closes_its_connection(
-    pg: SqlRepository, clock: ManualClock
+    repo: SqlRepository, clock: ManualClock
 ) -> None:
-    job = await make_job(pg, clock.now())
-    tq = TaskQueue(pg, clock=clock)
+    job = await make_job(repo, clock.now())
+    tq = TaskQueue(repo, clock=clock)
     await tq.create([NewTask(job)])
     [lease] = await tq.claim_batch("w", 1)
     assert await tq.heartbeat(lease.fence)
-    assert direct_pool(pg).idle == 1
+    assert direct_pool(repo).idle == 1
     # Hold the row lock so the next heartbeat waits inside the server.
-    async with pg.transaction() as locker:
+    async with repo.transaction() as locker:
         await locker.connection.execute(
             sa.text("SELECT 1 FROM tasks WHERE id = :id FOR UPDATE"), {"id": lease.item_id}
         )
 
         async def waiting_on_the_lock() -> bool:
-            async with pg.autocommit() as tx:
+            async with repo.autocommit() as tx:
                 count = await tx.connection.execute(
                     sa.text(
                         "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
@@ -133,13 +129,13 @@ async def test_a_cancelled_statement_closes_its_connection(
             )
             scope.cancel()
         assert scope.cancelled_caught
-        assert direct_pool(pg).idle == 0  # the interrupted connection was closed
+        assert direct_pool(repo).idle == 0  # the interrupted connection was closed
         await locker.connection.execute(sa.text("SELECT 1"))
     assert await tq.heartbeat(lease.fence)  # a fresh connection, the fence still holds
 
 
-async def test_calls_after_close_are_refused(postgres_server: PostgresServer) -> None:
-    repo = SqlRepository(postgres_server.fresh_database())
+async def test_calls_after_close_are_refused(database_url: str) -> None:
+    repo = SqlRepository(database_url)
     assert await TaskQueue(repo).claim_batch("w", 1) == []
     await repo.close()
     assert direct_pool(repo).idle == 0

@@ -8,15 +8,13 @@ several repositories on one file still serialize.
 from __future__ import annotations
 
 import asyncio
-import shutil
 import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -38,19 +36,10 @@ pytestmark = pytest.mark.anyio
 
 
 @pytest.fixture
-def sqlite_url(sqlite_template: Path, tmp_path: Path) -> str:
-    target = tmp_path / "trace.db"
-    shutil.copyfile(sqlite_template, target)
-    return f"sqlite:///{target}"
-
-
-@pytest.fixture
-async def lite(sqlite_url: str) -> AsyncIterator[SqlRepository]:
-    repository = SqlRepository(sqlite_url)
-    try:
-        yield repository
-    finally:
-        await repository.close()
+def engine() -> str:
+    """Statement scopes on a sync connection are SQLite's: ``repo`` and
+    ``database_url`` (tests/conftest.py) are a fresh SQLite file here."""
+    return "sqlite"
 
 
 def direct(repo: SqlRepository) -> SqliteDirect:
@@ -121,19 +110,19 @@ def write_lock_is_free(repo: SqlRepository) -> bool:
         conn.close()
 
 
-async def test_a_statement_scope_offers_protocol_operations_only(lite: SqlRepository) -> None:
-    async with lite.statement() as tx:
+async def test_a_statement_scope_offers_protocol_operations_only(repo: SqlRepository) -> None:
+    async with repo.statement() as tx:
         with pytest.raises(ConfigurationError, match=r"autocommit\(\)"):
             _ = tx.connection
-    async with lite.autocommit() as tx:
+    async with repo.autocommit() as tx:
         assert (await tx.connection.execute(sa.select(sa.literal(1)))).scalar() == 1
 
 
 async def test_a_claim_is_two_thread_hops_and_a_small_create_three(
-    lite: SqlRepository, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+    repo: SqlRepository, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    job = await make_job(lite, clock.now())
-    tq = TaskQueue(lite, clock=clock)
+    job = await make_job(repo, clock.now())
+    tq = TaskQueue(repo, clock=clock)
     real = anyio.to_thread.run_sync
     hops: list[str] = []
 
@@ -154,12 +143,12 @@ async def test_a_claim_is_two_thread_hops_and_a_small_create_three(
 
 
 async def test_statements_do_not_wait_for_the_default_thread_limiter(
-    lite: SqlRepository, clock: ManualClock
+    repo: SqlRepository, clock: ManualClock
 ) -> None:
     # Sync operators and other threads of the process take anyio's default
     # tokens; a claim or a heartbeat must not queue behind them.
-    job = await make_job(lite, clock.now())
-    tq = TaskQueue(lite, clock=clock)
+    job = await make_job(repo, clock.now())
+    tq = TaskQueue(repo, clock=clock)
     default = anyio.to_thread.current_default_thread_limiter()
     saved = default.total_tokens
     release = threading.Event()
@@ -191,10 +180,10 @@ async def test_statements_do_not_wait_for_the_default_thread_limiter(
 
 
 async def test_complete_many_completes_only_current_fences(
-    lite: SqlRepository, clock: ManualClock
+    repo: SqlRepository, clock: ManualClock
 ) -> None:
-    job = await make_job(lite, clock.now())
-    tq = TaskQueue(lite, clock=clock)
+    job = await make_job(repo, clock.now())
+    tq = TaskQueue(repo, clock=clock)
     await tq.create([NewTask(job) for _ in range(3)])
     leases = await tq.claim_batch("w", 3)
     assert len(leases) == 3
@@ -209,66 +198,66 @@ async def test_complete_many_completes_only_current_fences(
 
 
 async def test_errors_are_the_same_as_through_the_async_path(
-    lite: SqlRepository, clock: ManualClock
+    repo: SqlRepository, clock: ManualClock
 ) -> None:
-    tq = TaskQueue(lite, clock=clock)
+    tq = TaskQueue(repo, clock=clock)
     unknown_job = NewTask(uuid.uuid4())  # a foreign key violation
     with pytest.raises(DuplicateItem, match="constraint violated") as direct_error:
         await tq.create([unknown_job])
     with pytest.raises(DuplicateItem, match="constraint violated") as async_error:
-        async with lite.transaction() as tx:
+        async with repo.transaction() as tx:
             await tq.create([unknown_job], tx=tx)
     assert str(direct_error.value) == str(async_error.value)
     naive = datetime(2026, 1, 1)
-    async with lite.statement() as tx:
+    async with repo.statement() as tx:
         with pytest.raises(StorageError, match="naive datetime") as direct_naive:
             await tx.claim(TASKS, worker_id="w", lease_seconds=5, now=naive)
-    async with lite.transaction() as tx:
+    async with repo.transaction() as tx:
         with pytest.raises(StorageError, match="naive datetime") as async_naive:
             await tx.claim(TASKS, worker_id="w", lease_seconds=5, now=naive)
     assert str(direct_naive.value) == str(async_naive.value)
-    assert_released(lite)
+    assert_released(repo)
 
 
 async def test_a_scope_that_raises_rolls_back_and_its_connection_is_reused(
-    lite: SqlRepository, clock: ManualClock
+    repo: SqlRepository, clock: ManualClock
 ) -> None:
-    job = await make_job(lite, clock.now())
-    tq = TaskQueue(lite, clock=clock)
+    job = await make_job(repo, clock.now())
+    tq = TaskQueue(repo, clock=clock)
     with pytest.raises(RuntimeError, match="boom"):
-        async with lite.statement() as tx:
+        async with repo.statement() as tx:
             created = await tx.create_tasks([NewTask(job)], now=clock.now())
             assert created[0].created
             raise RuntimeError("boom")
-    assert await count_tasks(lite) == 0
-    assert_released(lite)
+    assert await count_tasks(repo) == 0
+    assert_released(repo)
     # A statement that fails leaves the scope's transaction to roll back too.
     with pytest.raises(DuplicateItem):
-        async with lite.statement() as tx:
+        async with repo.statement() as tx:
             await tx.create_tasks([NewTask(job)], now=clock.now())
             await tx.create_tasks([NewTask(uuid.uuid4())], now=clock.now())
-    await assert_rolled_back_and_usable(lite, tq, job)
+    await assert_rolled_back_and_usable(repo, tq, job)
     assert [lease.item_id for lease in await tq.claim_batch("w", 1)]
 
 
 async def test_a_scope_cancelled_before_its_commit_rolls_back(
-    lite: SqlRepository, clock: ManualClock
+    repo: SqlRepository, clock: ManualClock
 ) -> None:
-    job = await make_job(lite, clock.now())
+    job = await make_job(repo, clock.now())
     with anyio.CancelScope() as scope:
-        async with lite.statement() as tx:
+        async with repo.statement() as tx:
             await tx.create_tasks([NewTask(job)], now=clock.now())
             scope.cancel()
     assert scope.cancelled_caught
-    assert await count_tasks(lite) == 0
-    assert_released(lite)
+    assert await count_tasks(repo) == 0
+    assert_released(repo)
 
 
 async def test_a_scope_cancelled_while_its_statement_waits_for_the_lock_rolls_back(
-    lite: SqlRepository, clock: ManualClock
+    repo: SqlRepository, clock: ManualClock
 ) -> None:
-    job = await make_job(lite, clock.now())
-    tq = TaskQueue(lite, clock=clock)
+    job = await make_job(repo, clock.now())
+    tq = TaskQueue(repo, clock=clock)
     scope = anyio.CancelScope()
 
     async def create() -> None:
@@ -277,35 +266,35 @@ async def test_a_scope_cancelled_while_its_statement_waits_for_the_lock_rolls_ba
 
     # Another process's writer holds the lock: the scope's BEGIN IMMEDIATE
     # waits on its worker thread.
-    with holding_write_lock(lite) as holder:
+    with holding_write_lock(repo) as holder:
         async with anyio.create_task_group() as tg:
             tg.start_soon(create)
-            await wait_checked_out(lite)
+            await wait_checked_out(repo)
             scope.cancel()
             holder.execute("ROLLBACK")  # the statement now runs, then rolls back
     assert scope.cancelled_caught
-    await assert_rolled_back_and_usable(lite, tq, job)
+    await assert_rolled_back_and_usable(repo, tq, job)
 
 
 async def test_a_plain_asyncio_cancel_waits_for_the_abandoned_statement_then_rolls_back(
-    lite: SqlRepository, clock: ManualClock
+    repo: SqlRepository, clock: ManualClock
 ) -> None:
     # task.cancel() is not held off by anyio's shield: the statement's thread is
     # abandoned mid-wait. The rollback must still come after it, on its connection.
-    job = await make_job(lite, clock.now())
-    tq = TaskQueue(lite, clock=clock)
-    with holding_write_lock(lite) as holder:
+    job = await make_job(repo, clock.now())
+    tq = TaskQueue(repo, clock=clock)
+    with holding_write_lock(repo) as holder:
         task = asyncio.get_running_loop().create_task(tq.create([NewTask(job)]))
-        await wait_checked_out(lite)
+        await wait_checked_out(repo)
         task.cancel()
         holder.execute("ROLLBACK")
         with pytest.raises(asyncio.CancelledError):
             await task
-    await assert_rolled_back_and_usable(lite, tq, job)
+    await assert_rolled_back_and_usable(repo, tq, job)
 
 
-async def test_calls_after_close_are_refused(sqlite_url: str) -> None:
-    repo = SqlRepository(sqlite_url)
+async def test_calls_after_close_are_refused(database_url: str) -> None:
+    repo = SqlRepository(database_url)
     assert await TaskQueue(repo).claim_batch("w", 1) == []
     await repo.close()
     assert direct(repo).checked_out == 0
@@ -314,9 +303,9 @@ async def test_calls_after_close_are_refused(sqlite_url: str) -> None:
 
 
 async def test_repositories_on_one_file_claim_an_item_once(
-    sqlite_url: str, clock: ManualClock
+    database_url: str, clock: ManualClock
 ) -> None:
-    setup = SqlRepository(sqlite_url)
+    setup = SqlRepository(database_url)
     try:
         job = await make_job(setup, clock.now())
         tq = TaskQueue(setup, clock=clock)
@@ -334,7 +323,7 @@ async def test_repositories_on_one_file_claim_an_item_once(
         while leases := await queue.claim_batch(f"w{n}", 3):
             batches.append([lease.item_id for lease in leases])
 
-    await run_on_separate_repos(sqlite_url, 4, race)
+    await run_on_separate_repos(database_url, 4, race)
     assert len(outcomes) == 4
     assert sum(o.lease is not None for o in outcomes) == 1
     claimed = [item for b in batches for item in b]

@@ -671,10 +671,7 @@ class SqlRepository:
             async with self._sqlite_statement() as tx:
                 yield tx
             return
-        if self._direct is None:
-            async with self.transaction() as tx:
-                yield tx
-            return
+        assert self._direct is not None  # Postgres: made with the repository
         tx = SqlTransaction(None, self, direct=self._direct)
         try:
             yield tx
