@@ -44,14 +44,6 @@ def direct_pool(repo: SqlRepository) -> DirectPool:
     return pool
 
 
-async def test_a_statement_scope_offers_protocol_operations_only(repo: SqlRepository) -> None:
-    async with repo.statement() as tx:
-        with pytest.raises(ConfigurationError, match=r"autocommit\(\)"):
-            _ = tx.connection
-    async with repo.autocommit() as tx:
-        assert (await tx.connection.execute(sa.select(sa.literal(1)))).scalar() == 1
-
-
 async def test_driver_errors_are_translated_as_through_sqlalchemy(
     repo: SqlRepository, clock: ManualClock
 ) -> None:

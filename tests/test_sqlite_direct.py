@@ -110,14 +110,6 @@ def write_lock_is_free(repo: SqlRepository) -> bool:
         conn.close()
 
 
-async def test_a_statement_scope_offers_protocol_operations_only(repo: SqlRepository) -> None:
-    async with repo.statement() as tx:
-        with pytest.raises(ConfigurationError, match=r"autocommit\(\)"):
-            _ = tx.connection
-    async with repo.autocommit() as tx:
-        assert (await tx.connection.execute(sa.select(sa.literal(1)))).scalar() == 1
-
-
 async def test_a_claim_is_two_thread_hops_and_a_small_create_three(
     repo: SqlRepository, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -182,3 +182,11 @@ async def test_leases_read_the_same_through_statement_and_transaction(
     assert a.expires_at == b.expires_at
     assert a.expires_at.utcoffset() is not None
     assert {a.data["input_versions"]["n"], b.data["input_versions"]["n"]} == {1, 2}
+
+
+async def test_a_statement_scope_offers_protocol_operations_only(repo: SqlRepository) -> None:
+    async with repo.statement() as tx:
+        with pytest.raises(ConfigurationError, match=r"autocommit\(\)"):
+            _ = tx.connection
+    async with repo.autocommit() as tx:
+        assert (await tx.connection.execute(sa.select(sa.literal(1)))).scalar() == 1
