@@ -52,9 +52,10 @@ from benchmarks._common import (
     server_cpu_s,
 )
 from benchmarks._routing_floor import write_floor
+from trace_core.authoring.events import DatasetEvent
 from trace_core.clock import SystemClock
 from trace_core.dag import DeployResult, deploy, parse_dag
-from trace_core.dispatcher.events import ROUTE_EVENT, DatasetEvent, EventGateway, Producer
+from trace_core.dispatcher.events import ROUTE_EVENT, EventGateway, Producer
 from trace_core.dispatcher.routing import EventRouter
 from trace_core.outbox import OutboxHandler, OutboxRelay, RelayConfig
 from trace_core.storage import schema

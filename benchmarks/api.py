@@ -78,7 +78,7 @@ jobs:
 
 def OPERATORS_FACTORY() -> Any:
     """The registry of the benchmark DAG: one operator that nothing runs in-process."""
-    from trace_core.dispatcher.operators import OperatorRegistry, OperatorSpec
+    from trace_core.authoring.operators import OperatorRegistry, OperatorSpec
 
     def bench(ctx: Any) -> None:
         raise AssertionError("benchmark tasks are run over HTTP, not in-process")

@@ -19,9 +19,9 @@ import httpx
 import sqlalchemy as sa
 
 from trace_core.api import ApiConfig, create_app
+from trace_core.authoring.operators import OperatorRegistry, OperatorSpec
 from trace_core.clock import ManualClock
 from trace_core.dag import DeployResult, parse_dag
-from trace_core.dispatcher.operators import OperatorRegistry, OperatorSpec
 from trace_core.dispatcher.service import Dispatcher
 from trace_core.storage import schema
 from trace_core.storage.sql import SqlRepository

@@ -12,10 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from trace_core.authoring.operators import OperatorRegistry, OperatorSpec
 from trace_core.clock import ManualClock
 from trace_core.dispatcher.buffer import InMemoryDatasetBuffer
 from trace_core.dispatcher.capabilities import CapabilityIssuer
-from trace_core.dispatcher.operators import OperatorRegistry, OperatorSpec
 from trace_core.security import (
     KeyRing,
     LocalCredentialMinter,

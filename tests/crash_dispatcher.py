@@ -38,8 +38,9 @@ from typing import Any, NoReturn
 
 import anyio
 
+from trace_core.authoring.events import DatasetEvent
 from trace_core.clock import ManualClock
-from trace_core.dispatcher.events import ROUTE_EVENT, DatasetEvent, EventGateway, Producer
+from trace_core.dispatcher.events import ROUTE_EVENT, EventGateway, Producer
 from trace_core.dispatcher.routing import EventRouter
 from trace_core.outbox import OutboxHandler, OutboxRelay, RelayConfig
 from trace_core.storage.protocol import NewTask

@@ -23,11 +23,11 @@ from typing import Any
 import anyio
 
 from tests.crash_dispatcher import die
-from trace_core.dispatcher.operators import OperatorSpec
+from trace_core.authoring.context import TaskContext
+from trace_core.authoring.operators import OperatorSpec
 from trace_core.dispatcher.reaper import ReaperConfig
 from trace_core.dispatcher.service import DispatcherConfig
 from trace_core.dispatcher.sources import SourceConfig
-from trace_core.worker.context import TaskContext
 from trace_lite.buffered import SinkConfig
 from trace_lite.platform import LiteConfig, TraceLite
 from trace_lite.spark import SparkConfig, SparkSessionProvider

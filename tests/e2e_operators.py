@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trace_core.dispatcher.operators import OperatorRegistry, OperatorSpec
-from trace_core.worker import OperatorError, OperatorResult
+from trace_core.authoring.context import OperatorError, OperatorResult
+from trace_core.authoring.operators import OperatorRegistry, OperatorSpec
 
 __all__ = ["OPERATORS", "RELEASE", "gate"]
 

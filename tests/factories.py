@@ -255,8 +255,8 @@ async def run_on_separate_repos(
 def relay_partition(ctx: Any) -> Any:
     """A synchronous test operator: marks the partition it was given materialized
     on its own first output, and reports the input version it read."""
-    from trace_core.dispatcher.events import DatasetEvent
-    from trace_core.dispatcher.runner import OperatorResult
+    from trace_core.authoring.context import OperatorResult
+    from trace_core.authoring.events import DatasetEvent
 
     unit = ctx.inputs[0]
     out = ctx.outputs[0]

@@ -17,11 +17,11 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
+from trace_core.authoring.events import AcceptResult, DatasetEvent
+from trace_core.authoring.operators import OperatorRegistry, OperatorSpec
 from trace_core.clock import ManualClock
 from trace_core.dag import DeployResult, parse_dag
 from trace_core.dag.registry import storage_location
-from trace_core.dispatcher.events import AcceptResult, DatasetEvent
-from trace_core.dispatcher.operators import OperatorRegistry, OperatorSpec
 from trace_core.dispatcher.service import Dispatcher
 from trace_core.storage import schema
 from trace_core.storage.protocol import NewTask

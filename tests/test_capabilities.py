@@ -16,10 +16,10 @@ import pytest
 import sqlalchemy as sa
 
 from tests.capability_fixtures import CAPS_DAG, CAPS_OPERATORS, Kit, make_kit
+from trace_core.authoring.events import DatasetEvent
 from trace_core.clock import ManualClock
 from trace_core.dag import DeployResult, parse_dag
 from trace_core.dispatcher.capabilities import DEFAULT_SCRATCH_TEMPLATE, CapabilityIssuer
-from trace_core.dispatcher.events import DatasetEvent
 from trace_core.dispatcher.service import Dispatcher
 from trace_core.errors import ConfigurationError, InvalidInput
 from trace_core.model import NotClaimedReason

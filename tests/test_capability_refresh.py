@@ -33,10 +33,12 @@ from tests.capability_fixtures import (
 )
 from tests.test_worker_wrapper import no_heartbeat
 from trace_core.api import create_app
+from trace_core.authoring.context import OperatorResult, TaskContext
+from trace_core.authoring.operators import OperatorRegistry, OperatorSpec
 from trace_core.clock import ManualClock
 from trace_core.dag import DeployResult, parse_dag
 from trace_core.dispatcher.capabilities import CapabilityIssuer
-from trace_core.dispatcher.operators import OperatorRegistry, OperatorSpec
+from trace_core.dispatcher.inprocess_client import InProcessClient
 from trace_core.dispatcher.service import Dispatcher
 from trace_core.errors import ConfigurationError, InvalidInput, StaleClaim
 from trace_core.security import (
@@ -56,9 +58,6 @@ from trace_core.worker import (
     CredentialSource,
     HttpControlPlaneClient,
     HttpCredentialSource,
-    InProcessClient,
-    OperatorResult,
-    TaskContext,
     WorkerWrapper,
 )
 from trace_lite.credentials import CredentialBroker

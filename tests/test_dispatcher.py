@@ -11,11 +11,11 @@ import pytest
 import sqlalchemy as sa
 
 from tests.factories import relay_partition
+from trace_core.authoring.context import OperatorResult, TaskContext
+from trace_core.authoring.events import DatasetEvent
+from trace_core.authoring.operators import OperatorRegistry, OperatorSpec
 from trace_core.clock import ManualClock
 from trace_core.dag import parse_dag
-from trace_core.dispatcher.events import DatasetEvent
-from trace_core.dispatcher.operators import OperatorRegistry, OperatorSpec
-from trace_core.dispatcher.runner import OperatorResult, TaskContext
 from trace_core.dispatcher.service import Dispatcher
 from trace_core.storage import schema
 from trace_core.storage.sql import SqlRepository

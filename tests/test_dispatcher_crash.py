@@ -35,9 +35,10 @@ import anyio.to_thread
 import pytest
 import sqlalchemy as sa
 
+from trace_core.authoring.events import DatasetEvent
 from trace_core.clock import ManualClock
 from trace_core.dag import DeployResult, deploy, parse_dag
-from trace_core.dispatcher.events import ROUTE_EVENT, DatasetEvent, EventGateway, Producer
+from trace_core.dispatcher.events import ROUTE_EVENT, EventGateway, Producer
 from trace_core.dispatcher.routing import EventRouter
 from trace_core.outbox import OutboxRelay, RelayConfig
 from trace_core.storage import schema

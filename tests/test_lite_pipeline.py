@@ -27,14 +27,14 @@ import sqlalchemy as sa
 from tests.crash_pipeline import CRASHING, crashing_platform
 from tests.factories import wait_until
 from tests.lite_pipeline import check_outputs, expected_alerts, small_dag, stored_alerts
+from trace_core.authoring.context import TaskContext
+from trace_core.authoring.operators import OperatorSpec
 from trace_core.dispatcher.backfill import BackfillConfig
-from trace_core.dispatcher.operators import OperatorSpec
 from trace_core.dispatcher.promoter import PromoterConfig
 from trace_core.dispatcher.service import DispatcherConfig
 from trace_core.dispatcher.sources import SourceConfig
 from trace_core.storage import schema
 from trace_core.storage.sql import SqlRepository
-from trace_core.worker.context import TaskContext
 from trace_lite.buffered import SinkConfig, table_name_of
 from trace_lite.cli import main
 from trace_lite.platform import LiteConfig, TraceLite

@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 
 from tests.factories import wait_until
+from trace_core.authoring.context import OperatorResult, TaskContext
+from trace_core.authoring.operators import OperatorSpec
 from trace_core.dag import parse_dag
-from trace_core.dispatcher.operators import OperatorSpec
 from trace_core.errors import ConfigurationError, InvalidInput
-from trace_core.worker.context import OperatorResult, TaskContext
 from trace_lite.envelope import LocalKeyEncryption
 from trace_lite.object_store import AccessDenied
 from trace_lite.platform import LiteConfig, TraceLite

@@ -35,9 +35,9 @@ from tests.api_fixtures import AUTH, TOKEN
 from tests.capability_fixtures import HEADER, Kit, make_kit
 from trace_core.api import create_app
 from trace_core.api.query import dataset_views
+from trace_core.authoring.operators import OperatorRegistry, OperatorSpec
 from trace_core.clock import ManualClock
 from trace_core.dag import DeployResult, parse_dag
-from trace_core.dispatcher.operators import OperatorRegistry, OperatorSpec
 from trace_core.dispatcher.service import Dispatcher
 from trace_core.errors import ConfigurationError, DatabaseUnavailable, InvalidInput
 from trace_core.security.claims import DatasetInput

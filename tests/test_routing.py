@@ -14,9 +14,10 @@ import pytest
 import sqlalchemy as sa
 
 from tests.factories import wait_until
+from trace_core.authoring.events import DatasetEvent, parse_events
 from trace_core.clock import ManualClock
 from trace_core.dag import DeployResult, deploy, parse_dag
-from trace_core.dispatcher.events import DatasetEvent, EventGateway, Producer, parse_events
+from trace_core.dispatcher.events import EventGateway, Producer
 from trace_core.dispatcher.routing import EventRouter
 from trace_core.errors import InvalidInput, StaleClaim
 from trace_core.limits import MAX_BIGINT, MAX_RANGE_BOUND

@@ -9,16 +9,18 @@ import pytest
 import sqlalchemy as sa
 
 from tests.factories import relay_partition
+from trace_core.authoring.context import TaskContext
+from trace_core.authoring.events import DatasetEvent
+from trace_core.authoring.operators import OperatorRegistry, OperatorSpec
 from trace_core.clock import ManualClock
 from trace_core.dag import deploy, parse_dag
 from trace_core.dispatcher.control import TaskControl
-from trace_core.dispatcher.events import DatasetEvent, Producer
+from trace_core.dispatcher.events import Producer
 from trace_core.dispatcher.explain import explain_job
 from trace_core.dispatcher.inprocess import InProcessLambdaInvoker, InProcessWakeupQueue
 from trace_core.dispatcher.launcher import TaskLauncher
-from trace_core.dispatcher.operators import OperatorRegistry, OperatorSpec
 from trace_core.dispatcher.routing import EventRouter
-from trace_core.dispatcher.runner import InProcessRunner, TaskContext
+from trace_core.dispatcher.runner import InProcessRunner
 from trace_core.dispatcher.runtimes import RuntimeRegistry
 from trace_core.errors import ConfigurationError
 from trace_core.outbox import OutboxRelay

@@ -18,19 +18,20 @@ import pytest
 import sqlalchemy as sa
 
 from tests.factories import set_progress, wait_until
+from trace_core.authoring.context import OperatorResult, TaskContext
+from trace_core.authoring.events import DatasetEvent
+from trace_core.authoring.operators import OperatorRegistry, OperatorSpec
 from trace_core.clock import ManualClock
 from trace_core.dag import DeployResult, deploy, live_jobs, parse_dag
 from trace_core.dispatcher.backfill import BackfillConfig
 from trace_core.dispatcher.cron import CronConfig, CronSchedule, CronScheduler, cron_key
-from trace_core.dispatcher.events import DatasetEvent, EventGateway, Producer
+from trace_core.dispatcher.events import EventGateway, Producer
 from trace_core.dispatcher.journal import read_journal
 from trace_core.dispatcher.manual import ManualTrigger
-from trace_core.dispatcher.operators import OperatorRegistry, OperatorSpec
 from trace_core.dispatcher.periodic import PeriodicService
 from trace_core.dispatcher.promoter import PromoterConfig
 from trace_core.dispatcher.reaper import Reaper, lease_seconds_for
 from trace_core.dispatcher.retry_scheduler import RetryScheduler
-from trace_core.dispatcher.runner import OperatorResult, TaskContext
 from trace_core.dispatcher.service import Dispatcher, DispatcherConfig
 from trace_core.dispatcher.source_runs import source_run_key
 from trace_core.dispatcher.sources import SourceConfig, SourceDirective, SourceSupervisor

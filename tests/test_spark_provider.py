@@ -22,8 +22,8 @@ from tests.factories import wait_until
 from tests.lite_pipeline import check_outputs, expected_alerts, small_dag, stored_alerts
 from tests.spark_fixtures import kill_driver
 from tests.test_lite_pipeline import BLOCKS, SIZE, _all_done, _attempts, _config, _current
-from trace_core.dispatcher.operators import OperatorSpec
-from trace_core.worker.context import TaskContext
+from trace_core.authoring.context import TaskContext
+from trace_core.authoring.operators import OperatorSpec
 from trace_lite.buffered import table_name_of
 from trace_lite.platform import TraceLite
 from trace_lite.spark import SparkSessionProvider

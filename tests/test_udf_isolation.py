@@ -30,26 +30,24 @@ from tests.test_worker_wrapper import (
     wait_for,
 )
 from trace_core.api import create_app
+from trace_core.authoring.context import CAPABILITY_TOKEN_ENV, StaticSecrets, declared_secrets
+from trace_core.authoring.events import AcceptResult
+from trace_core.authoring.operators import OperatorRegistry, OperatorSpec
 from trace_core.clock import ManualClock
 from trace_core.dag import parse_dag
-from trace_core.dispatcher.events import AcceptResult
 from trace_core.dispatcher.inprocess import InProcessWakeupQueue
-from trace_core.dispatcher.operators import OperatorRegistry, OperatorSpec
+from trace_core.dispatcher.inprocess_client import InProcessClient
 from trace_core.dispatcher.service import Dispatcher
 from trace_core.errors import ConfigurationError
 from trace_core.storage.sql import SqlRepository
 from trace_core.worker import (
-    CAPABILITY_TOKEN_ENV,
     ClaimResult,
     ControlPlaneClient,
     HttpControlPlaneClient,
-    InProcessClient,
-    StaticSecrets,
     UdfConfig,
     UdfOperator,
     WorkerWrapper,
     child_environment,
-    declared_secrets,
 )
 
 pytestmark = pytest.mark.anyio

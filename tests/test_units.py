@@ -281,6 +281,59 @@ def test_core_import_stays_light() -> None:
     assert out.stdout.strip() == "[]"
 
 
+def test_authoring_exports_what_an_operator_author_needs() -> None:
+    import trace_core.authoring as authoring
+
+    assert set(authoring.__all__) == {
+        "CAPABILITY_TOKEN_ENV",
+        "AcceptResult",
+        "AttemptControl",
+        "DatasetEvent",
+        "OperatorError",
+        "OperatorRegistry",
+        "OperatorResult",
+        "OperatorSpec",
+        "SecretProvider",
+        "StaticSecrets",
+        "TaskContext",
+        "declared_secrets",
+        "parse_events",
+    }
+    for name in authoring.__all__:
+        assert getattr(authoring, name) is not None
+
+
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "import trace_core",
+        "from trace_core.authoring import DatasetEvent, OperatorSpec, TaskContext",
+        "import trace_core.worker.udf_child",
+    ],
+)
+def test_the_author_api_and_the_udf_child_load_no_heavy_package(statement: str) -> None:
+    import subprocess
+    import sys
+
+    heavy = ("sqlalchemy", "alembic", "fastapi", "pyspark", "boto3", "trace_lite", "trace_aws")
+    code = f"import sys; {statement}; print([m for m in {heavy!r} if m in sys.modules])"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_a_lazy_export_resolves_to_the_object_not_a_submodule() -> None:
+    import subprocess
+    import sys
+
+    # trace_core.dag.deploy is both a submodule and the function the package exports.
+    code = (
+        "import trace_core.dag.deploy, trace_core.dag as dag, types; "
+        "print(isinstance(dag.deploy, types.FunctionType))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "True"
+
+
 def test_dispatcher_exports_resolve_and_stay_light() -> None:
     import subprocess
     import sys

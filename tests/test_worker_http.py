@@ -23,8 +23,9 @@ from tests.test_worker_wrapper import (
     wrapper_for,
 )
 from trace_core.api import create_app
+from trace_core.authoring.context import OperatorResult, TaskContext
+from trace_core.authoring.events import DatasetEvent
 from trace_core.clock import ManualClock
-from trace_core.dispatcher.events import DatasetEvent
 from trace_core.errors import InvalidInput, NotFound, StaleClaim
 from trace_core.storage.sql import SqlRepository
 from trace_core.worker import (
@@ -32,8 +33,6 @@ from trace_core.worker import (
     ControlPlaneRejected,
     ControlPlaneUnavailable,
     HttpControlPlaneClient,
-    OperatorResult,
-    TaskContext,
 )
 
 pytestmark = pytest.mark.anyio

@@ -22,12 +22,14 @@ import pytest
 import sqlalchemy as sa
 
 import trace_core.worker
+from trace_core.authoring.context import OperatorError, OperatorResult, TaskContext
+from trace_core.authoring.events import AcceptResult, DatasetEvent
+from trace_core.authoring.operators import OperatorRegistry, OperatorSpec
 from trace_core.clock import ManualClock
 from trace_core.dag import DeployResult, parse_dag
 from trace_core.dispatcher.control import TaskControl
-from trace_core.dispatcher.events import AcceptResult, DatasetEvent
 from trace_core.dispatcher.inprocess import InProcessWakeupQueue
-from trace_core.dispatcher.operators import OperatorRegistry, OperatorSpec
+from trace_core.dispatcher.inprocess_client import InProcessClient
 from trace_core.dispatcher.service import Dispatcher
 from trace_core.errors import DatabaseUnavailable, InvalidInput, StaleClaim
 from trace_core.model import ClaimOutcome
@@ -40,11 +42,7 @@ from trace_core.worker import (
     ControlPlaneRejected,
     ControlPlaneUnavailable,
     HeartbeatResult,
-    InProcessClient,
-    OperatorError,
-    OperatorResult,
     RetryingClient,
-    TaskContext,
     WorkerWrapper,
 )
 
@@ -765,13 +763,11 @@ def test_the_worker_package_exports_what_we_mean() -> None:
     assert set(trace_core.worker.__all__) == {
         "ABANDONED",
         "CANCELED",
-        "CAPABILITY_TOKEN_ENV",
         "COMPLETED",
         "DEFAULT_BACKOFF",
         "FAILED",
         "STALE",
         "Attempt",
-        "AttemptControl",
         "AttemptSettings",
         "ClaimResult",
         "ControlPlaneClient",
@@ -781,22 +777,12 @@ def test_the_worker_package_exports_what_we_mean() -> None:
         "HeartbeatResult",
         "HttpControlPlaneClient",
         "HttpCredentialSource",
-        "InProcessClient",
-        "OperatorError",
-        "OperatorResult",
         "RetryingClient",
-        "SecretProvider",
-        "StaticSecrets",
-        "TaskContext",
         "UdfConfig",
         "UdfOperator",
         "WorkerWrapper",
         "child_environment",
-        "declared_secrets",
         "run_udf",
     }
     for name in trace_core.worker.__all__:
         assert getattr(trace_core.worker, name) is not None
-    from trace_core.dispatcher.runner import OperatorResult as Reexported
-
-    assert Reexported is OperatorResult

@@ -44,8 +44,9 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from trace_core.authoring.events import DatasetEvent
 from trace_core.clock import Clock, SystemClock
-from trace_core.dispatcher.events import DatasetEvent, EventGateway
+from trace_core.dispatcher.events import EventGateway
 from trace_core.dispatcher.periodic import PeriodicService, require_positive
 from trace_core.errors import ConfigurationError, InvalidInput
 from trace_core.storage import schema

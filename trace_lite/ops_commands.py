@@ -6,8 +6,8 @@ import argparse
 import json
 import uuid
 
+from trace_core.authoring.events import parse_events
 from trace_core.clock import SystemClock
-from trace_core.dispatcher.events import parse_events
 from trace_core.dispatcher.explain import explain_job
 from trace_core.dispatcher.manual import ManualTrigger
 from trace_core.dispatcher.metrics import render_metrics

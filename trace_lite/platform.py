@@ -34,10 +34,10 @@ from types import TracebackType
 import anyio
 import anyio.abc
 
+from trace_core.authoring.operators import OperatorRegistry, OperatorSpec
 from trace_core.clock import Clock, SystemClock
 from trace_core.dag import DagDocument, DeployResult
 from trace_core.dag.loader import load_dag
-from trace_core.dispatcher.operators import OperatorRegistry, OperatorSpec
 from trace_core.dispatcher.service import Dispatcher, DispatcherConfig
 from trace_core.errors import ConfigurationError
 from trace_core.security import LocalCredentialMinter

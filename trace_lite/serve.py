@@ -44,8 +44,8 @@ from pathlib import Path
 
 import anyio
 
+from trace_core.authoring.operators import OperatorRegistry
 from trace_core.clock import Clock, SystemClock
-from trace_core.dispatcher.operators import OperatorRegistry
 from trace_core.errors import ConfigurationError
 from trace_core.security.jwks import KeyRing
 from trace_core.storage.migrate import current_revision, head_revision

@@ -52,8 +52,8 @@ from trace_core.worker import (
 if TYPE_CHECKING:
     import httpx
 
-    from trace_core.dispatcher.events import AcceptResult, DatasetEvent
-    from trace_core.dispatcher.operators import OperatorRegistry
+    from trace_core.authoring.events import AcceptResult, DatasetEvent
+    from trace_core.authoring.operators import OperatorRegistry
 
 __all__ = ["PreclaimedClient", "StreamClaimClient", "WorkerConfig", "run_worker", "worker_main"]
 

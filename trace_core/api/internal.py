@@ -52,7 +52,7 @@ from trace_core.api.models import (
     TaskNotClaimed,
 )
 from trace_core.api.reports import complete_attempt, fail_attempt
-from trace_core.dispatcher.events import DatasetEvent, parse_events
+from trace_core.authoring.events import DatasetEvent, parse_events
 from trace_core.dispatcher.service import Dispatcher
 from trace_core.errors import InvalidInput
 from trace_core.model import Fence

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from trace_core.dispatcher.events import DatasetEvent
+from trace_core.authoring.events import DatasetEvent
 from trace_core.dispatcher.service import Dispatcher
 from trace_core.errors import InvalidTransition, StaleClaim
 from trace_core.model import Fence, ItemState

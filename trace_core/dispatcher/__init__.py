@@ -4,41 +4,47 @@
 usable on their own (tests drive each service's ``run_once``).
 """
 
-from trace_core.dispatcher.backfill import BackfillConfig, Backfiller
-from trace_core.dispatcher.backpressure import BackpressureConfig, BackpressureMonitor
-from trace_core.dispatcher.concurrency import ConcurrencyConfig, ConcurrencyGate
-from trace_core.dispatcher.control import ClaimedTask, TaskControl
-from trace_core.dispatcher.cron import CronConfig, CronScheduler
-from trace_core.dispatcher.events import (
-    ROUTE_EVENT,
-    AcceptResult,
-    DatasetEvent,
-    EventGateway,
-    Producer,
-    parse_events,
-)
-from trace_core.dispatcher.explain import EventDecision, Explanation, explain_job
-from trace_core.dispatcher.inprocess import InProcessLambdaInvoker, InProcessWakeupQueue
-from trace_core.dispatcher.launcher import TaskLauncher
-from trace_core.dispatcher.manual import ManualTrigger
-from trace_core.dispatcher.metrics import render_metrics
-from trace_core.dispatcher.operator_state import OperatorStateStore, StateConflict, StateSnapshot
-from trace_core.dispatcher.operators import OperatorRegistry, OperatorSpec
-from trace_core.dispatcher.periodic import PeriodicService
-from trace_core.dispatcher.promoter import PromoterConfig, VersionPromoter
-from trace_core.dispatcher.reaper import Reaper, ReaperConfig
-from trace_core.dispatcher.retry_scheduler import RetryScheduler, RetrySchedulerConfig
-from trace_core.dispatcher.routing import EventRouter, RouteReport
-from trace_core.dispatcher.runner import InProcessRunner, OperatorResult, RunnerConfig, TaskContext
-from trace_core.dispatcher.runtimes import DEFAULT_RUNTIMES, Runtime, RuntimeKind, RuntimeRegistry
-from trace_core.dispatcher.scale import IdleScaler, ScaleConfig
-from trace_core.dispatcher.service import Dispatcher, DispatcherConfig
-from trace_core.dispatcher.sources import SourceConfig, SourceSupervisor
+from typing import TYPE_CHECKING
+
+from trace_core.lazy_exports import attach
+
+if TYPE_CHECKING:
+    from trace_core.dispatcher.backfill import BackfillConfig, Backfiller
+    from trace_core.dispatcher.backpressure import BackpressureConfig, BackpressureMonitor
+    from trace_core.dispatcher.concurrency import ConcurrencyConfig, ConcurrencyGate
+    from trace_core.dispatcher.control import ClaimedTask, TaskControl
+    from trace_core.dispatcher.cron import CronConfig, CronScheduler
+    from trace_core.dispatcher.events import ROUTE_EVENT, EventGateway, Producer
+    from trace_core.dispatcher.explain import EventDecision, Explanation, explain_job
+    from trace_core.dispatcher.inprocess import InProcessLambdaInvoker, InProcessWakeupQueue
+    from trace_core.dispatcher.inprocess_client import InProcessClient
+    from trace_core.dispatcher.launcher import TaskLauncher
+    from trace_core.dispatcher.manual import ManualTrigger
+    from trace_core.dispatcher.metrics import render_metrics
+    from trace_core.dispatcher.operator_state import (
+        OperatorStateStore,
+        StateConflict,
+        StateSnapshot,
+    )
+    from trace_core.dispatcher.periodic import PeriodicService
+    from trace_core.dispatcher.promoter import PromoterConfig, VersionPromoter
+    from trace_core.dispatcher.reaper import Reaper, ReaperConfig
+    from trace_core.dispatcher.retry_scheduler import RetryScheduler, RetrySchedulerConfig
+    from trace_core.dispatcher.routing import EventRouter, RouteReport
+    from trace_core.dispatcher.runner import InProcessRunner, RunnerConfig
+    from trace_core.dispatcher.runtimes import (
+        DEFAULT_RUNTIMES,
+        Runtime,
+        RuntimeKind,
+        RuntimeRegistry,
+    )
+    from trace_core.dispatcher.scale import IdleScaler, ScaleConfig
+    from trace_core.dispatcher.service import Dispatcher, DispatcherConfig
+    from trace_core.dispatcher.sources import SourceConfig, SourceSupervisor
 
 __all__ = [
     "DEFAULT_RUNTIMES",
     "ROUTE_EVENT",
-    "AcceptResult",
     "BackfillConfig",
     "Backfiller",
     "BackpressureConfig",
@@ -48,7 +54,6 @@ __all__ = [
     "ConcurrencyGate",
     "CronConfig",
     "CronScheduler",
-    "DatasetEvent",
     "Dispatcher",
     "DispatcherConfig",
     "EventDecision",
@@ -56,13 +61,11 @@ __all__ = [
     "EventRouter",
     "Explanation",
     "IdleScaler",
+    "InProcessClient",
     "InProcessLambdaInvoker",
     "InProcessRunner",
     "InProcessWakeupQueue",
     "ManualTrigger",
-    "OperatorRegistry",
-    "OperatorResult",
-    "OperatorSpec",
     "OperatorStateStore",
     "PeriodicService",
     "Producer",
@@ -81,11 +84,11 @@ __all__ = [
     "SourceSupervisor",
     "StateConflict",
     "StateSnapshot",
-    "TaskContext",
     "TaskControl",
     "TaskLauncher",
     "VersionPromoter",
     "explain_job",
-    "parse_events",
     "render_metrics",
 ]
+
+__getattr__, __dir__ = attach(__name__, __file__)

@@ -36,10 +36,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
+from trace_core.authoring.events import AcceptResult, DatasetEvent
 from trace_core.clock import Clock, SystemClock
 from trace_core.dispatcher.bounded import BoundedMemo
 from trace_core.dispatcher.concurrency import JobLimits
-from trace_core.dispatcher.events import AcceptResult, DatasetEvent, EventGateway, Producer
+from trace_core.dispatcher.events import EventGateway, Producer
 from trace_core.dispatcher.payload import build_payloads, task_payloads, task_rows
 from trace_core.errors import ConfigurationError, NotFound
 from trace_core.leasing import FailOutcome

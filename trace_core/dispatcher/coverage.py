@@ -14,16 +14,13 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
 
+from trace_core.authoring.events import DatasetEvent
 from trace_core.dag.coverage import Range, merge_ranges
 from trace_core.storage import schema
 from trace_core.storage.sql import SqlTransaction
-
-if TYPE_CHECKING:
-    from trace_core.dispatcher.events import DatasetEvent
 
 __all__ = ["record_coverage"]
 

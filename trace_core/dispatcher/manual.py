@@ -20,8 +20,9 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from trace_core.authoring.events import AcceptResult, DatasetEvent
 from trace_core.clock import Clock, SystemClock
-from trace_core.dispatcher.events import AcceptResult, DatasetEvent, EventGateway
+from trace_core.dispatcher.events import EventGateway
 from trace_core.dispatcher.job_states import read_pause
 from trace_core.dispatcher.journal import record
 from trace_core.dispatcher.source_runs import SourceJob, create_source_task, live_source_jobs

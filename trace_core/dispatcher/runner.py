@@ -10,9 +10,8 @@ it raised. A stale lease (reclaimed, canceled, superseded) aborts the work:
 the result is dropped and nothing is written. Synchronous operators run in a
 worker thread, so a Spark job does not block the event loop.
 
-:class:`TaskContext` and :class:`OperatorResult` live in
-:mod:`trace_core.worker.context`; they are re-exported here for operators
-written against this module.
+Operators are written against :mod:`trace_core.authoring` (``TaskContext``,
+``OperatorResult``), which neither this module nor the Dispatcher owns.
 """
 
 from __future__ import annotations
@@ -24,16 +23,16 @@ from dataclasses import dataclass
 import anyio
 import anyio.abc
 
+from trace_core.authoring.context import OperatorResult, TaskContext
+from trace_core.authoring.operators import OperatorRegistry
 from trace_core.dispatcher.control import TaskControl
-from trace_core.dispatcher.operators import OperatorRegistry
+from trace_core.dispatcher.inprocess_client import InProcessClient
 from trace_core.errors import ConfigurationError
 from trace_core.retry import Backoff
-from trace_core.worker.client import InProcessClient
-from trace_core.worker.context import OperatorResult, TaskContext
 from trace_core.worker.retrying import RetryingClient
 from trace_core.worker.wrapper import CredentialSource, WorkerWrapper
 
-__all__ = ["InProcessRunner", "OperatorResult", "RunnerConfig", "TaskContext"]
+__all__ = ["InProcessRunner", "RunnerConfig"]
 
 
 @dataclass(frozen=True)

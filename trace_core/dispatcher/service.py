@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio.abc
 
+from trace_core.authoring.operators import OperatorRegistry
 from trace_core.clock import Clock, SystemClock
 from trace_core.dag import DagDocument, DeployResult, RollbackResult, deploy, rollback
 from trace_core.dispatcher.backfill import BackfillConfig, Backfiller
@@ -39,7 +40,6 @@ from trace_core.dispatcher.live_watch import LiveJobsWatcher
 from trace_core.dispatcher.manual import ManualTrigger
 from trace_core.dispatcher.metrics import render_metrics
 from trace_core.dispatcher.operator_state import OperatorStateStore
-from trace_core.dispatcher.operators import OperatorRegistry
 from trace_core.dispatcher.promoter import PromoterConfig, VersionPromoter
 from trace_core.dispatcher.reaper import Reaper, ReaperConfig
 from trace_core.dispatcher.retry_scheduler import RetryScheduler, RetrySchedulerConfig

@@ -13,44 +13,49 @@ deny-by-default STS :func:`session_policy`, its :class:`PolicyEvaluator`, and
 the :class:`CredentialMinter` port with a local implementation.
 """
 
-from trace_core.security.claims import (
-    CAPABILITY_FAILURES,
-    CapabilityClaims,
-    CapabilityFailure,
-    DatasetInput,
-    InvalidCapability,
-    task_subject,
-)
-from trace_core.security.evaluator import PolicyEvaluator, UnsupportedPolicy
-from trace_core.security.jwk import ec_public_jwk, jwk_thumbprint, public_key_from_jwk
-from trace_core.security.jwks import KeyRing, KeySchedule, KeyState, RotationPolicy
-from trace_core.security.jwks_cache import JwksCache, JwksFetch, JwksUnavailable, parse_jwks
-from trace_core.security.minting import (
-    CredentialMinter,
-    LocalCredentialMinter,
-    MintedCredentials,
-    validate_session_name,
-)
-from trace_core.security.policy import (
-    MAX_DURATION_SECONDS,
-    MAX_PACKED_POLICY_CHARS,
-    MIN_DURATION_SECONDS,
-    PolicyTooLarge,
-    packed_policy,
-    session_policy,
-    validate_duration_seconds,
-)
-from trace_core.security.scopes import InvalidScope, S3Prefix, Scope, parse_object_uri
-from trace_core.security.signing import (
-    MalformedSignature,
-    PrivateKeySigner,
-    Signer,
-    check_raw_signature,
-    der_to_raw,
-    raw_to_der,
-)
-from trace_core.security.tokens import DEFAULT_MAX_TOKEN_BYTES, TokenIssuer, sign_jws
-from trace_core.security.verifier import REQUIRED_CLAIMS, PublicKeySource, TokenVerifier
+from typing import TYPE_CHECKING
+
+from trace_core.lazy_exports import attach
+
+if TYPE_CHECKING:
+    from trace_core.security.claims import (
+        CAPABILITY_FAILURES,
+        CapabilityClaims,
+        CapabilityFailure,
+        DatasetInput,
+        InvalidCapability,
+        task_subject,
+    )
+    from trace_core.security.evaluator import PolicyEvaluator, UnsupportedPolicy
+    from trace_core.security.jwk import ec_public_jwk, jwk_thumbprint, public_key_from_jwk
+    from trace_core.security.jwks import KeyRing, KeySchedule, KeyState, RotationPolicy
+    from trace_core.security.jwks_cache import JwksCache, JwksFetch, JwksUnavailable, parse_jwks
+    from trace_core.security.minting import (
+        CredentialMinter,
+        LocalCredentialMinter,
+        MintedCredentials,
+        validate_session_name,
+    )
+    from trace_core.security.policy import (
+        MAX_DURATION_SECONDS,
+        MAX_PACKED_POLICY_CHARS,
+        MIN_DURATION_SECONDS,
+        PolicyTooLarge,
+        packed_policy,
+        session_policy,
+        validate_duration_seconds,
+    )
+    from trace_core.security.scopes import InvalidScope, S3Prefix, Scope, parse_object_uri
+    from trace_core.security.signing import (
+        MalformedSignature,
+        PrivateKeySigner,
+        Signer,
+        check_raw_signature,
+        der_to_raw,
+        raw_to_der,
+    )
+    from trace_core.security.tokens import DEFAULT_MAX_TOKEN_BYTES, TokenIssuer, sign_jws
+    from trace_core.security.verifier import REQUIRED_CLAIMS, PublicKeySource, TokenVerifier
 
 __all__ = [
     "CAPABILITY_FAILURES",
@@ -100,3 +105,5 @@ __all__ = [
     "validate_duration_seconds",
     "validate_session_name",
 ]
+
+__getattr__, __dir__ = attach(__name__, __file__)

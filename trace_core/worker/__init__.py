@@ -2,60 +2,53 @@
 
 :class:`WorkerWrapper` is the protection boundary of interface-contracts.md
 ("Worker -> Dispatcher"): it alone talks to the Dispatcher, through a
-:class:`ControlPlaneClient` (:class:`InProcessClient`, or
+:class:`ControlPlaneClient` (the Dispatcher's
+:class:`~trace_core.dispatcher.inprocess_client.InProcessClient`, or
 :class:`HttpControlPlaneClient` for ``/internal/*``; wrap either in a
 :class:`RetryingClient` to ride out outages), and runs untrusted operators in
 a child process without its credentials (:mod:`trace_core.worker.udf`).
 
 The Dispatcher's own in-process runner
 (:class:`~trace_core.dispatcher.runner.InProcessRunner`) is this wrapper on
-an :class:`InProcessClient`. httpx is imported only when an HTTP client is built.
+an ``InProcessClient``. httpx is imported only when an HTTP client is built.
 An HTTP worker's scoped credentials come from :class:`HttpCredentialSource`.
 """
 
-from trace_core.worker.attempt import Attempt, AttemptSettings
-from trace_core.worker.client import (
-    ClaimResult,
-    ControlPlaneClient,
-    ControlPlaneRejected,
-    ControlPlaneUnavailable,
-    HeartbeatResult,
-    InProcessClient,
-)
-from trace_core.worker.context import (
-    CAPABILITY_TOKEN_ENV,
-    AttemptControl,
-    OperatorError,
-    OperatorResult,
-    SecretProvider,
-    StaticSecrets,
-    TaskContext,
-    declared_secrets,
-)
-from trace_core.worker.http_client import HttpControlPlaneClient
-from trace_core.worker.http_credentials import HttpCredentialSource
-from trace_core.worker.retrying import DEFAULT_BACKOFF, RetryingClient
-from trace_core.worker.udf import UdfConfig, UdfOperator, child_environment, run_udf
-from trace_core.worker.wrapper import (
-    ABANDONED,
-    CANCELED,
-    COMPLETED,
-    FAILED,
-    STALE,
-    CredentialSource,
-    WorkerWrapper,
-)
+from typing import TYPE_CHECKING
+
+from trace_core.lazy_exports import attach
+
+if TYPE_CHECKING:
+    from trace_core.worker.attempt import Attempt, AttemptSettings
+    from trace_core.worker.client import (
+        ClaimResult,
+        ControlPlaneClient,
+        ControlPlaneRejected,
+        ControlPlaneUnavailable,
+        HeartbeatResult,
+    )
+    from trace_core.worker.http_client import HttpControlPlaneClient
+    from trace_core.worker.http_credentials import HttpCredentialSource
+    from trace_core.worker.retrying import DEFAULT_BACKOFF, RetryingClient
+    from trace_core.worker.udf import UdfConfig, UdfOperator, child_environment, run_udf
+    from trace_core.worker.wrapper import (
+        ABANDONED,
+        CANCELED,
+        COMPLETED,
+        FAILED,
+        STALE,
+        CredentialSource,
+        WorkerWrapper,
+    )
 
 __all__ = [
     "ABANDONED",
     "CANCELED",
-    "CAPABILITY_TOKEN_ENV",
     "COMPLETED",
     "DEFAULT_BACKOFF",
     "FAILED",
     "STALE",
     "Attempt",
-    "AttemptControl",
     "AttemptSettings",
     "ClaimResult",
     "ControlPlaneClient",
@@ -65,17 +58,12 @@ __all__ = [
     "HeartbeatResult",
     "HttpControlPlaneClient",
     "HttpCredentialSource",
-    "InProcessClient",
-    "OperatorError",
-    "OperatorResult",
     "RetryingClient",
-    "SecretProvider",
-    "StaticSecrets",
-    "TaskContext",
     "UdfConfig",
     "UdfOperator",
     "WorkerWrapper",
     "child_environment",
-    "declared_secrets",
     "run_udf",
 ]
+
+__getattr__, __dir__ = attach(__name__, __file__)

@@ -1,7 +1,7 @@
 """One claimed attempt as the wrapper runs it: its lease, heartbeats and fenced calls.
 
-:class:`Attempt` is the :class:`~trace_core.worker.context.AttemptControl`
-behind every :class:`~trace_core.worker.context.TaskContext`. It remembers
+:class:`Attempt` is the :class:`~trace_core.authoring.context.AttemptControl`
+behind every :class:`~trace_core.authoring.context.TaskContext`. It remembers
 the lease (token, expiry), computes the heartbeat schedule from the lease's
 time to live, and is the single place that decides the attempt is lost:
 
@@ -27,10 +27,10 @@ import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING
 
 import anyio
 
+from trace_core.authoring.events import AcceptResult, DatasetEvent
 from trace_core.clock import Clock
 from trace_core.errors import ConfigurationError, InvalidInput, NotFound, StaleClaim
 from trace_core.worker.client import (
@@ -39,9 +39,6 @@ from trace_core.worker.client import (
     ControlPlaneUnavailable,
     HeartbeatResult,
 )
-
-if TYPE_CHECKING:
-    from trace_core.dispatcher.events import AcceptResult, DatasetEvent
 
 __all__ = ["Attempt", "AttemptSettings"]
 
@@ -195,8 +192,6 @@ class Attempt:
         """Emit events mid-task through the fenced client."""
         self._check()
         if not events:
-            from trace_core.dispatcher.events import AcceptResult
-
             return AcceptResult([], 0, 0)
         try:
             return await self.client.emit(self.task_id, self.attempt, events)

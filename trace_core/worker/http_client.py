@@ -1,6 +1,6 @@
 """The worker's client of the ``/internal/*`` endpoints, over HTTP.
 
-Same contract as :class:`~trace_core.worker.client.InProcessClient` (see
+Same contract as :class:`~trace_core.dispatcher.inprocess_client.InProcessClient` (see
 :mod:`trace_core.worker.client` for the error mapping): ``409 {"error":
 "stale"}`` and a 404 on a fenced call become
 :class:`~trace_core.errors.StaleClaim`; transport errors, 429 and 5xx
@@ -21,6 +21,7 @@ from datetime import datetime
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+from trace_core.authoring.events import AcceptResult, DatasetEvent
 from trace_core.errors import ConfigurationError, InvalidInput, NotFound, StaleClaim
 from trace_core.worker.client import (
     ClaimResult,
@@ -32,7 +33,6 @@ from trace_core.worker.client import (
 if TYPE_CHECKING:
     import httpx
 
-    from trace_core.dispatcher.events import AcceptResult, DatasetEvent
 
 __all__ = ["HttpControlPlaneClient"]
 
@@ -137,7 +137,6 @@ class HttpControlPlaneClient:
         self, task_id: uuid.UUID, attempt: int, events: Sequence[DatasetEvent]
     ) -> AcceptResult:
         """``POST /internal/events``."""
-        from trace_core.dispatcher.events import AcceptResult
 
         body = await self._post(
             "/internal/events",

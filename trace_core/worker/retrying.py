@@ -24,10 +24,11 @@ import random
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import anyio
 
+from trace_core.authoring.events import AcceptResult, DatasetEvent
 from trace_core.errors import ConfigurationError
 from trace_core.retry import Backoff
 from trace_core.worker.client import (
@@ -36,9 +37,6 @@ from trace_core.worker.client import (
     ControlPlaneUnavailable,
     HeartbeatResult,
 )
-
-if TYPE_CHECKING:
-    from trace_core.dispatcher.events import AcceptResult, DatasetEvent
 
 __all__ = ["DEFAULT_BACKOFF", "RetryingClient"]
 

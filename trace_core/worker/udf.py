@@ -46,15 +46,16 @@ import anyio
 import anyio.abc
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from trace_core.errors import ConfigurationError, InvalidInput
-from trace_core.worker.client import ControlPlaneRejected, ControlPlaneUnavailable
-from trace_core.worker.context import (
+from trace_core.authoring.context import (
     CAPABILITY_TOKEN_ENV,
     OperatorError,
     OperatorResult,
     TaskContext,
     check_env_name,
 )
+from trace_core.authoring.events import parse_events
+from trace_core.errors import ConfigurationError, InvalidInput
+from trace_core.worker.client import ControlPlaneRejected, ControlPlaneUnavailable
 
 __all__ = [
     "CHILD_MODULE",
@@ -246,7 +247,6 @@ class _Conversation:
     async def _forward_emit(self, docs: object) -> dict[str, Any]:
         """Emit for the child through the fenced attempt. Refusals are answered;
         a stale lease is not: it propagates and the child is killed."""
-        from trace_core.dispatcher.events import parse_events
 
         try:
             events = parse_events(docs)
@@ -346,7 +346,6 @@ def _refusal(exc: Exception) -> dict[str, Any]:
 
 def _result(message: Mapping[str, Any], path: str) -> OperatorResult:
     """The child's result, validated like any untrusted input."""
-    from trace_core.dispatcher.events import parse_events
 
     docs = message.get("events") or []
     outputs = message.get("outputs")

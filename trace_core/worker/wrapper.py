@@ -4,7 +4,7 @@
 (an SQS message, an in-process hand-off): claim the task; if not claimed,
 return the reason (the caller acks the message and moves on); if the task
 turns out canceled, acknowledge that without running anything; otherwise run
-the operator with a :class:`~trace_core.worker.context.TaskContext` while
+the operator with a :class:`~trace_core.authoring.context.TaskContext` while
 heartbeating every ``lease_ttl * heartbeat_fraction``, then report: complete
 with the final events (mid-task events went through ``emit`` and were
 accepted before), or fail.
@@ -36,11 +36,20 @@ import logging
 import uuid
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio
 import anyio.to_thread
 
+from trace_core.authoring.context import (
+    OperatorError,
+    OperatorResult,
+    SecretProvider,
+    StaticSecrets,
+    TaskContext,
+    declared_secrets,
+)
+from trace_core.authoring.operators import OperatorRegistry, OperatorSpec
 from trace_core.clock import Clock, SystemClock
 from trace_core.errors import ConfigurationError, InvalidInput, NotFound, StaleClaim
 from trace_core.worker.attempt import Attempt, AttemptSettings
@@ -50,18 +59,7 @@ from trace_core.worker.client import (
     ControlPlaneRejected,
     ControlPlaneUnavailable,
 )
-from trace_core.worker.context import (
-    OperatorError,
-    OperatorResult,
-    SecretProvider,
-    StaticSecrets,
-    TaskContext,
-    declared_secrets,
-)
 from trace_core.worker.udf import UdfConfig, UdfOperator, run_udf
-
-if TYPE_CHECKING:
-    from trace_core.dispatcher.operators import OperatorRegistry, OperatorSpec
 
 __all__ = [
     "ABANDONED",

@@ -41,13 +41,13 @@ from typing import Any
 
 import anyio.from_thread
 
+from trace_core.authoring.context import OperatorError, OperatorResult, TaskContext
+from trace_core.authoring.events import DatasetEvent
+from trace_core.authoring.operators import OperatorSpec
 from trace_core.dag.coverage import Coverage, covers
 from trace_core.dispatcher.buffer import DatasetBuffer
-from trace_core.dispatcher.events import DatasetEvent
 from trace_core.dispatcher.operator_state import OperatorStateStore, StateConflict
-from trace_core.dispatcher.operators import OperatorSpec
 from trace_core.errors import InvalidInput
-from trace_core.worker.context import OperatorError, OperatorResult, TaskContext
 from trace_lite.buffered import RecordSchema
 from trace_lite.object_store import LocalObjectStore, ScopedObjectStore
 from trace_lite.pipeline.chain import SyntheticChain

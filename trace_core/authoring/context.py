@@ -13,8 +13,7 @@ Secrets: a job declares the names it needs in ``config["secrets"]``; the
 wrapper resolves them from its :class:`SecretProvider` at launch and hands
 the operator those and no others (as environment variables in a UDF child).
 
-This module imports nothing from the dispatcher at run time (the dispatcher's
-runner imports it while the dispatcher package is still loading).
+Part of :mod:`trace_core.authoring`: it imports nothing from the control plane.
 """
 
 from __future__ import annotations
@@ -23,14 +22,12 @@ import re
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import anyio.from_thread
 
+from trace_core.authoring.events import AcceptResult, DatasetEvent
 from trace_core.errors import ConfigurationError, StaleClaim
-
-if TYPE_CHECKING:
-    from trace_core.dispatcher.events import AcceptResult, DatasetEvent
 
 __all__ = [
     "CAPABILITY_TOKEN_ENV",
