@@ -23,7 +23,6 @@ from dataclasses import dataclass
 import anyio
 import anyio.abc
 
-from trace_core.authoring.context import OperatorResult, TaskContext
 from trace_core.authoring.operators import OperatorRegistry
 from trace_core.dispatcher.control import TaskControl
 from trace_core.dispatcher.inprocess_client import InProcessClient
