@@ -15,7 +15,9 @@ import logging
 from typing import Any
 
 SPEC_DIR = "spec/"
-"""Pages under this directory (relative to ``docs/``) are the copied specification."""
+"""Pages under this directory (relative to ``docs/``) are the copied specification ..."""
+SPEC_INDEX = "spec/index.md"
+"""... except this one, our page about it, whose links are checked like any other."""
 
 # The link checks that run while a page renders; anchors are checked after
 # all pages, with the configured level (the spec pages link to no anchors).
@@ -31,7 +33,8 @@ def on_config(config: Any) -> None:
 
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
     """Use ``info`` for a spec page's links, the configured levels for any other page."""
-    in_spec = page.file.src_uri.startswith(SPEC_DIR)
+    uri = page.file.src_uri
+    in_spec = uri.startswith(SPEC_DIR) and uri != SPEC_INDEX
     links = config.validation.links
     for name in _LEVELS:
         links[name] = min(logging.INFO, _configured[name]) if in_spec else _configured[name]
