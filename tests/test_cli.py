@@ -1,11 +1,8 @@
-"""The ``trace-lite`` CLI and the README's example, on both engines."""
+"""The ``trace-lite`` CLI, on both engines (the README's and docs' examples: test_docs.py)."""
 
 from __future__ import annotations
 
 import io
-import re
-import subprocess
-import sys
 from pathlib import Path
 
 import anyio
@@ -14,8 +11,6 @@ import pytest
 from trace_core.storage.migrate import head_revision
 from trace_lite.cli import main
 from trace_lite.demo import DemoConfig, run_demo
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_db_upgrade_and_check(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -47,33 +42,6 @@ def test_demo_finishes_every_task(database_url: str) -> None:
     # A second run against the same database works too (fresh dedupe keys).
     summary = anyio.run(run_demo, DemoConfig(database_url, tasks=30, workers=2), io.StringIO())
     assert summary["tasks_by_status"] == {"Completed": 30}
-
-
-# Blocks fenced ```python are complete programs and must run; fragments use ```py.
-README_BLOCKS = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.S)
-
-
-@pytest.mark.parametrize("index", range(len(README_BLOCKS)))
-def test_readme_examples_run(index: int, tmp_path: Path) -> None:
-    done = subprocess.run(
-        [sys.executable, "-c", README_BLOCKS[index]],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr
-    assert list(tmp_path.glob("*.db")), "each example works on a SQLite file"
-
-
-def test_readme_dispatcher_example_routes_each_unit_once(tmp_path: Path) -> None:
-    [code] = [block for block in README_BLOCKS if "Dispatcher(" in block]
-    done = subprocess.run(
-        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120
-    )
-    assert done.returncode == 0, done.stderr
-    assert sorted(re.findall(r"doubling cursor (\d+)", done.stdout)) == ["1", "2", "3"]
-    assert "hello/double" in done.stdout and "tasks: Completed 3" in done.stdout
 
 
 MANUAL_DAG = """

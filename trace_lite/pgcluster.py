@@ -22,6 +22,7 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import IO, TYPE_CHECKING, Any
@@ -129,7 +130,9 @@ class PostgresCluster:
 
     Use as a context manager, or call `start` and `stop`. The superuser role is
     ``trace`` with trust authentication; the server accepts TCP connections on
-    127.0.0.1 only. Durability settings stay at PostgreSQL's defaults.
+    127.0.0.1 only. Durability settings stay at PostgreSQL's defaults unless
+    ``settings`` says otherwise (a test suite's throwaway cluster may turn
+    ``fsync`` off; a benchmark's must not).
     """
 
     def __init__(
@@ -140,11 +143,13 @@ class PostgresCluster:
         max_connections: int = 200,
         shared_buffers: str = "64MB",
         startup_timeout: float = 60.0,
+        settings: Mapping[str, str] | None = None,
     ) -> None:
         """Configure the cluster; nothing runs until `start`.
 
         ``bindir`` overrides binary discovery; ``base_dir`` is where the temporary
-        directory is created (default: the system temp dir).
+        directory is created (default: the system temp dir). ``settings`` are
+        more server parameters (``-c name=value``), applied after the defaults.
         """
         if max_connections < 1:
             raise ValueError("max_connections must be positive")
@@ -155,6 +160,7 @@ class PostgresCluster:
         self._max_connections = max_connections
         self._shared_buffers = shared_buffers
         self._startup_timeout = startup_timeout
+        self._settings = dict(settings or {})
         self._lock = threading.Lock()
         self._root: Path | None = None
         self._port: int | None = None
@@ -281,6 +287,7 @@ class PostgresCluster:
             "unix_socket_directories": str(self.socket_dir),
             "max_connections": str(self._max_connections),
             "shared_buffers": self._shared_buffers,
+            **self._settings,
         }
         argv = [str(bindir / "postgres"), "-D", str(data_dir)]
         for name, value in settings.items():
