@@ -37,9 +37,8 @@ import functools
 import itertools
 import shutil
 import uuid
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -61,6 +60,7 @@ from hypothesis.stateful import (
 )
 
 from tests.factories import make_job
+from tests.postgres_pool import PostgresServer
 from trace_core.clock import ManualClock
 from trace_core.errors import InvalidTransition, StaleClaim
 from trace_core.leasing import LeaseConfig
@@ -118,6 +118,7 @@ class Env:
     engine: str
     portal: anyio.from_thread.BlockingPortal
     new_database: Callable[[], tuple[str, Callable[[], None]]]
+    """An empty database for one example: its URL and how to give it back."""
     stats: Counter[str] = field(default_factory=Counter)
 
     def call(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
@@ -128,49 +129,6 @@ class Env:
 def portal() -> Iterator[anyio.from_thread.BlockingPortal]:
     with anyio.from_thread.start_blocking_portal("asyncio") as p:
         yield p
-
-
-class PostgresDatabases:
-    """Fresh Postgres databases, created ahead and dropped in the background.
-
-    ``CREATE DATABASE … TEMPLATE`` costs about 0.4 s here, yet several run in
-    parallel well: helper threads keep a few ready while examples run.
-    """
-
-    AHEAD = 3
-
-    def __init__(self, server: Any) -> None:
-        self._server = server
-        self._pool = ThreadPoolExecutor(max_workers=self.AHEAD, thread_name_prefix="stateful-db")
-        self._ready: deque[Future[str]] = deque(
-            self._pool.submit(server.fresh_database) for _ in range(self.AHEAD)
-        )
-        self._drops: list[Future[None]] = []
-
-    def new(self) -> tuple[str, Callable[[], None]]:
-        url = self._ready.popleft().result()
-        self._ready.append(self._pool.submit(self._server.fresh_database))
-        return url, functools.partial(self._drop_later, url)
-
-    def _drop_later(self, url: str) -> None:
-        self._drops.append(self._pool.submit(self._drop, url))
-
-    def _drop(self, url: str) -> None:
-        import psycopg
-        from psycopg import sql
-
-        name = url.rpartition("/")[2]
-        with psycopg.connect(self._server.url("postgres"), autocommit=True) as conn:
-            conn.execute(
-                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-            )
-
-    def close(self) -> None:
-        while self._ready:
-            self._drop_later(self._ready.popleft().result())
-        self._pool.shutdown(wait=True)
-        for drop in self._drops:
-            drop.result()  # surface a failed drop
 
 
 @pytest.fixture
@@ -198,11 +156,13 @@ def env(
         yield Env(engine, portal, new_sqlite)
         return
 
-    databases = PostgresDatabases(request.getfixturevalue("postgres_server"))
-    try:
-        yield Env(engine, portal, databases.new)
-    finally:
-        databases.close()
+    server: PostgresServer = request.getfixturevalue("postgres_server")
+
+    def borrow() -> tuple[str, Callable[[], None]]:
+        url = server.acquire()
+        return url, functools.partial(server.release, url)
+
+    yield Env(engine, portal, borrow)
 
 
 # --- the model -----------------------------------------------------------------
@@ -270,7 +230,7 @@ class LeaseMachine(RuleBasedStateMachine):
     def __init__(self, env: Env) -> None:
         super().__init__()
         self.env = env
-        self.url, self._drop = env.new_database()
+        self.url, self._release = env.new_database()
         self.clock = ManualClock()
         self.repo = env.call(_open_repo, self.url)
         self.queue = TaskQueue(
@@ -290,7 +250,7 @@ class LeaseMachine(RuleBasedStateMachine):
         try:
             self.env.call(self.repo.close)
         finally:
-            self._drop()
+            self._release()
 
     # --- helpers -----------------------------------------------------------
 
