@@ -23,12 +23,10 @@ from trace_core.api.fields import (
 
 __all__ = [
     "ErrorBody",
-    "EventDecisionOut",
     "EventIn",
     "Events",
     "EventsRequest",
     "EventsResponse",
-    "ExplanationOut",
     "FieldError",
     "HeartbeatRequest",
     "HeartbeatResponse",
@@ -242,37 +240,3 @@ class TriggerResponse(BaseModel):
     event_ids: list[uuid.UUID] = Field(default_factory=list)
     new: int = 0
     duplicates: int = 0
-
-
-class EventDecisionOut(BaseModel):
-    """One recent input event and what routing decided for the job."""
-
-    received_at: datetime
-    dataset: str
-    dataset_version: uuid.UUID
-    unit: str
-    deliveries: int
-    route_status: str
-    decision: str
-
-
-class ExplanationOut(BaseModel):
-    """Why a job did or did not run (see ``trace_core.dispatcher.explain``)."""
-
-    dag_name: str
-    job_name: str
-    job_id: uuid.UUID
-    dag_version_id: uuid.UUID
-    version_status: str
-    activation: str
-    operator: str
-    runtime: str
-    paused: bool
-    pause_reason: str | None
-    source_status: str | None
-    scale_state: str | None
-    tasks_by_status: dict[str, int]
-    events: list[EventDecisionOut]
-    failures: list[dict[str, Any]]
-    journal: list[dict[str, Any]]
-    reasons: list[str]

@@ -18,18 +18,17 @@ route                          answers
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import uuid
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
-from fastapi.encoders import jsonable_encoder
 from fastapi.responses import PlainTextResponse
 
 from trace_core.api.errors import ERROR_RESPONSES
 from trace_core.api.fields import Name
 from trace_core.api.internal import to_events
-from trace_core.api.models import ErrorBody, ExplanationOut, TriggerRequest, TriggerResponse
+from trace_core.api.models import ErrorBody, TriggerRequest, TriggerResponse
+from trace_core.dispatcher.explain import Explanation
 from trace_core.dispatcher.metrics import CONTENT_TYPE
 from trace_core.dispatcher.service import Dispatcher
 from trace_core.errors import ConfigurationError, InvalidInput
@@ -54,10 +53,13 @@ def ops_router(dispatcher: Dispatcher) -> APIRouter:
         dag: Annotated[Name, Query()],
         job: Annotated[Name, Query()],
         org: Annotated[Name, Query()] = "default",
-    ) -> ExplanationOut:
-        """Why ``dag/job`` did or did not run (its live version, else the newest)."""
-        found = await dispatcher.explain(dag, job, org_slug=org)
-        return ExplanationOut.model_validate(jsonable_encoder(dataclasses.asdict(found)))
+    ) -> Explanation:
+        """Why ``dag/job`` did or did not run (its live version, else the newest).
+
+        The answer is the :class:`~trace_core.dispatcher.explain.Explanation`
+        itself: FastAPI validates and documents the dataclass as it is.
+        """
+        return await dispatcher.explain(dag, job, org_slug=org)
 
     @router.get(
         "/metrics",
