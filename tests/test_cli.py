@@ -23,6 +23,7 @@ import pytest
 from trace_core.storage.migrate import head_revision, schema_state, upgrade
 from trace_lite.cli import main
 from trace_lite.demo import DemoConfig, run_demo
+from trace_lite.state_database import locate
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -490,3 +491,26 @@ def test_a_bad_data_database_url_is_named_before_anything_starts(
     assert main(["run", EXAMPLE, "--data-db", "mysql://h/d"]) == 2
     assert "database URL 'mysql://h/d'" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_one_rule_locates_the_state_database() -> None:
+    env = {"TRACE_DATABASE_URL": "sqlite:///env.db"}
+    assert locate("sqlite:///flag.db", "dir", env).raw == "sqlite:///flag.db"
+    assert locate(None, "dir", env).raw == "sqlite:///env.db"  # the default of --db
+    assert locate(None, "dir", {}).raw == "sqlite:///dir/trace.db"
+    assert locate(None, None, {}).raw == "sqlite:///.trace/trace.db"
+    assert locate(None, "dir", {}).upgrade_command() == "trace-lite db upgrade --data-dir dir"
+    assert locate(None, None, env).upgrade_command() == "trace-lite db upgrade"
+    with_password = locate("postgresql://u:hunter2@h/db", None, {}).upgrade_command()
+    assert "hunter2" not in with_password and "postgresql://u:***@h/db" in with_password
+
+
+@pytest.mark.usefixtures("no_database_env")
+def test_an_unreachable_postgres_is_named_without_traceback(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    url = f"postgresql://nobody:hunter2@127.0.0.1:{_free_port()}/nothing"
+    assert main(["status", "chain", "--db", url]) == 1
+    err = capsys.readouterr().err
+    assert "DatabaseUnavailable: cannot open the database" in err
+    assert "postgresql+psycopg://nobody:***@127.0.0.1" in err and "hunter2" not in err

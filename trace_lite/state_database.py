@@ -36,6 +36,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from sqlalchemy.engine import make_url
+
 from trace_core.errors import ConfigurationError
 from trace_core.storage.migrate import SchemaState, schema_state, upgrade
 from trace_core.storage.url import DatabaseURL, parse_database_url
@@ -87,12 +89,20 @@ class Location:
     by_option: str | None
     """``--db`` or ``--data-dir`` when the location came from that option."""
 
+    @property
+    def masked(self) -> str:
+        """The URL as given, with any password masked: a secret is never printed."""
+        return make_url(self.raw).render_as_string(hide_password=True)
+
+    def shown(self) -> str:
+        """For messages: a SQLite file's absolute path, else the masked URL."""
+        path = sqlite_file(self.url)
+        return str(path.resolve()) if path is not None else self.masked
+
     def upgrade_command(self) -> str:
         """The exact command that migrates this database."""
         if self.by_option == "--db":
-            # As typed, unless it holds a password: that is never printed (masked instead).
-            shown = self.url.render() if self.url.sync_url.password else self.raw
-            return f"trace-lite db upgrade --db {shlex.quote(shown)}"
+            return f"trace-lite db upgrade --db {shlex.quote(self.masked)}"
         if self.by_option == "--data-dir":
             return f"trace-lite db upgrade --data-dir {shlex.quote(str(self.data_dir))}"
         return "trace-lite db upgrade"  # the same environment finds the same database
@@ -143,7 +153,7 @@ def open_state_database(location: Location, use: Use) -> str:
             path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         else:
             raise ConfigurationError(
-                f"no state database at {path.resolve()} (from {location.source}); "
+                f"no state database at {location.shown()} (from {location.source}); "
                 "nothing was created. Use the --data-dir (or --db) that `trace-lite run` "
                 f"or `serve` used, or create an empty one: `{location.upgrade_command()}`"
             )
@@ -157,21 +167,16 @@ def open_state_database(location: Location, use: Use) -> str:
             upgrade(url)
     elif use in (Use.READY, Use.OPTIONAL, Use.START) and state.status != "current":
         raise ConfigurationError(
-            f"the state database {_shown(location)} is at schema revision "
+            f"the state database {location.shown()} is at schema revision "
             f"{state.revision or 'none (never migrated)'}, not the newest ({state.head}): "
             f"run `{location.upgrade_command()}` first"
         )
     return location.raw
 
 
-def _shown(location: Location) -> str:
-    path = sqlite_file(location.url)
-    return str(path.resolve()) if path is not None else location.url.render()
-
-
 def _unknown_revision(location: Location, state: SchemaState) -> str:
     return (
-        f"the state database {_shown(location)} is at schema revision {state.revision}, "
+        f"the state database {location.shown()} is at schema revision {state.revision}, "
         f"which this trace-lite does not know (its newest is {state.head}): a newer "
         "version of Trace migrated it; use that version"
     )
