@@ -180,7 +180,7 @@ async def _tasks(repo: SqlRepository, args: argparse.Namespace) -> list[str]:
         .join(o, o.c.id == j.c.org_id)
         .where(o.c.slug == args.org, j.c.dag_name == args.dag_name)
         .order_by(t.c.queued_at.desc())
-        .limit(args.limit)
+        .limit(max(1, args.limit))
     )
     if args.job:
         stmt = stmt.where(j.c.name == args.job)
