@@ -440,6 +440,13 @@ def test_postgres_not_migrated_names_the_command_and_stays_empty(
     assert schema_state(empty_postgres).status == "empty"
     assert list(tmp_path.iterdir()) == []  # and no data directory either
 
+    upgrade(empty_postgres, "0002")  # behind: as after installing a newer Trace
+    for argv in (["serve"], ["tasks", "chain"]):
+        assert main([*argv, "--db", empty_postgres]) == 2
+        err = capsys.readouterr().err
+        assert "is at schema revision 0002, not the newest" in err and wanted in err
+    assert schema_state(empty_postgres).status == "behind"
+
     assert main(["db", "upgrade", "--db", empty_postgres]) == 0
     assert main(["status", "chain", "--db", empty_postgres]) == 0
     assert "chain: not deployed" in capsys.readouterr().out
