@@ -1,7 +1,20 @@
-"""The ``trace-lite`` command line.
+"""The trace-lite command line.
 
-Database URLs come from ``--db`` or the ``TRACE_DATABASE_URL`` environment
-variable; the default is the embedded SQLite file ``.trace/trace.db``.
+Which state database, for every command: --db URL, else $TRACE_DATABASE_URL,
+else the SQLite file <data dir>/trace.db (--data-dir, default .trace/). So
+`trace-lite status DAG --data-dir DIR` reads what `trace-lite run DAG.yaml
+--data-dir DIR` wrote.
+
+Commands that read or operate a deployed system (status, datasets, tasks,
+explain, metrics, trigger, dag deploy, dag rollback, dag validate --db,
+db check) never create a database: a missing one is an error naming the
+path looked for; one not at the newest schema revision is an error naming
+the `trace-lite db upgrade ...` command to run.
+
+Commands that start Trace (run, serve, demo) create and migrate the embedded
+SQLite file by themselves; a Postgres database must be migrated first with
+`trace-lite db upgrade --db postgresql://...` (they refuse otherwise, naming
+that command). `worker` opens no database: it works through serve's HTTP API.
 """
 
 from __future__ import annotations
@@ -29,218 +42,53 @@ from trace_core.storage.migrate import current_revision, head_revision, schema_d
 from trace_core.storage.sql import SqlRepository
 from trace_core.storage.url import parse_database_url
 from trace_core.tasks import TaskQueue
+from trace_lite.cli_commands import Command, build_parser, in_event_loop, port, positive_int
 from trace_lite.demo import DemoConfig, run_demo
-from trace_lite.ops_commands import OPS_COMMANDS, add_ops_commands, run_ops_command
-from trace_lite.status_commands import STATUS_COMMANDS, add_status_commands, run_status_command
+from trace_lite.ops_commands import OPS_COMMANDS
+from trace_lite.state_database import StateDatabase, Use
+from trace_lite.status_commands import STATUS_COMMANDS
 
-__all__ = ["main"]
+__all__ = ["COMMANDS", "main"]
 
-DEFAULT_DB_PATH = Path(".trace") / "trace.db"
-
-
-def _database_url(arg: str | None) -> str:
-    raw = arg or os.environ.get("TRACE_DATABASE_URL")
-    if raw:
-        parse_database_url(raw)  # validate early, with the field named
-        return raw
-    DEFAULT_DB_PATH.parent.mkdir(parents=True, exist_ok=True)
-    return f"sqlite:///{DEFAULT_DB_PATH}"
+_ORG_HELP = "org slug (default: the file's org:, else 'default')"
 
 
-def _positive(name: str) -> type[int]:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be an integer, got {text!r}") from None
-        if value < 1:
-            raise argparse.ArgumentTypeError(f"{name} must be >= 1, got {value}")
-        return value
-
-    return parse  # type: ignore[return-value]
+# --- db ---------------------------------------------------------------------------
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="trace-lite", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    db_help = "database URL (sqlite:///path or postgresql://...); default .trace/trace.db"
+def _db_upgrade(args: argparse.Namespace, db: StateDatabase) -> int:
+    url = db.url()
+    print(f"upgraded to {upgrade(url)} (head {head_revision()})")
+    return 0
 
-    db = sub.add_parser("db", help="database schema")
-    db_sub = db.add_subparsers(dest="db_command", required=True)
-    up = db_sub.add_parser("upgrade", help="apply migrations up to the newest revision")
-    up.add_argument("--db", help=db_help)
-    check = db_sub.add_parser("check", help="compare the database with the declared schema")
-    check.add_argument("--db", help=db_help)
 
-    demo = sub.add_parser("demo", help="enqueue, claim, heartbeat, fail, reclaim and complete")
-    demo.add_argument("--db", help=db_help)
-    demo.add_argument("--tasks", type=_positive("--tasks"), default=1000)
-    demo.add_argument("--workers", type=_positive("--workers"), default=4)
-    demo.add_argument("--batch", type=_positive("--batch"), default=25)
+def _db_check(args: argparse.Namespace, db: StateDatabase) -> int:
+    url = db.url()
+    diff = schema_diff(url)
+    print(json.dumps({"revision": current_revision(url), "differences": len(diff)}))
+    for entry in diff:
+        print(f"  {entry}")
+    return 1 if diff else 0
 
-    dag = sub.add_parser("dag", help="validate, deploy and roll back DAG files")
-    dag_sub = dag.add_subparsers(dest="dag_command", required=True)
-    org_help = "org slug (default: the file's org:, else 'default')"
-    validate = dag_sub.add_parser(
-        "validate", help="check a DAG file; with --db, also against the dataset registry"
-    )
-    validate.add_argument("file")
-    validate.add_argument("--db", help="check input datasets against this database's registry")
-    validate.add_argument("--org", help=org_help)
-    dep = dag_sub.add_parser("deploy", help="deploy a DAG file (a new version if it changed)")
-    dep.add_argument("file")
-    dep.add_argument("--db", help=db_help)
-    dep.add_argument("--org", help=org_help)
-    dep.add_argument(
+
+# --- dag ----------------------------------------------------------------------------
+
+
+def _file_and_org(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("file")
+    parser.add_argument("--org", help=_ORG_HELP)
+
+
+def _deploy_arguments(parser: argparse.ArgumentParser) -> None:
+    _file_and_org(parser)
+    parser.add_argument(
         "--storage-root", default="s3://trace-lite/", help="prefix of Parquet dataset versions"
     )
-    back = dag_sub.add_parser("rollback", help="undo the last deploy of a DAG")
-    back.add_argument("dag_name")
-    back.add_argument("--db", help=db_help)
-    back.add_argument("--org", default="default", help="org slug (default 'default')")
-    add_ops_commands(sub, db_help)
-    add_status_commands(sub, db_help)
-
-    serve = sub.add_parser(
-        "serve",
-        help="serve the control-plane HTTP API with the Dispatcher running",
-        description="The internal token is read from $TRACE_INTERNAL_TOKEN or from "
-        "--internal-token-file (never from the command line).",
-    )
-    serve.add_argument("--db", help=db_help)
-    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    serve.add_argument("--port", type=_port, default=8000, help="port to bind (default 8000)")
-    serve.add_argument(
-        "--internal-token-file",
-        help="file holding the internal bearer token (must not be readable by others)",
-    )
-    serve.add_argument(
-        "--operators", help="module:attribute of the OperatorRegistry for in-process jobs"
-    )
-    serve.add_argument(
-        "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
-    )
-    serve.add_argument(
-        "--data-dir",
-        default=".trace",
-        help="directory of the signing keys and the credential key (default .trace/)",
-    )
-    serve.add_argument("--data-db", help="data database URL (default sqlite:///<data-dir>/data.db)")
-    worker = sub.add_parser(
-        "worker",
-        help="claim tasks of worker streams over HTTP and run them",
-        description="The internal token is read from $TRACE_INTERNAL_TOKEN "
-        "(never from the command line). SIGTERM finishes the running task, then exits.",
-    )
-    worker.add_argument("--api", required=True, help="base URL of `trace-lite serve`")
-    worker.add_argument(
-        "--streams", required=True, help="comma-separated worker streams, in priority order"
-    )
-    worker.add_argument("--operators", help="module:attribute of the OperatorRegistry to run")
-    worker.add_argument("--worker-id", help="worker id (default <host>-<pid>)")
-    worker.add_argument(
-        "--max-tasks", type=_positive("--max-tasks"), help="exit after this many tasks"
-    )
-    worker.add_argument(
-        "--max-wait-ms",
-        type=_positive("--max-wait-ms"),
-        default=10_000,
-        help="long-poll wait of one claim (default 10000)",
-    )
-    run = sub.add_parser(
-        "run",
-        help="run a pipeline DAG end to end in this process, with live progress",
-        description="Starts the whole lite platform (Dispatcher, workers, Spark, sink), "
-        "deploys the DAG, follows its source over the block range and prints a summary.",
-    )
-    run.add_argument("file", help="the DAG file, e.g. examples/chain_pipeline.yaml")
-    run.add_argument("--db", help=db_help)
-    run.add_argument("--data-db", help="data database URL (default sqlite:///<data-dir>/data.db)")
-    run.add_argument("--data-dir", default=".trace", help="keys, objects, databases (.trace/)")
-    run.add_argument(
-        "--blocks", type=_positive("--blocks"), help="follow this many blocks (default: the DAG's)"
-    )
-    run.add_argument("--workers", type=_positive("--workers"), default=4, help="worker threads")
-    run.add_argument(
-        "--rematerialize",
-        metavar="DATASET",
-        help="rebuild DATASET (and what depends on it) as new versions; watch them swap in",
-    )
-    run.add_argument("--spark-master", default="local[*]", help="Spark master (local[*])")
-    run.add_argument("--spark-remote", help="Spark Connect URL (sc://host:port) instead")
-    run.add_argument(
-        "--timeout", type=_positive("--timeout"), default=3600, help="give up after (s)"
-    )
-    return parser
 
 
-def _run(args: argparse.Namespace) -> int:
-    from trace_lite.platform import LiteConfig
-    from trace_lite.run_command import RunOptions, run_pipeline
-    from trace_lite.spark import SparkConfig
-
-    if args.db:
-        parse_database_url(args.db)
-    if args.data_db:
-        parse_database_url(args.data_db)
-    config = LiteConfig(
-        data_dir=Path(args.data_dir),
-        database_url=args.db,
-        data_database_url=args.data_db,
-        workers=args.workers,
-        spark=SparkConfig(master=args.spark_master, remote=args.spark_remote),
-    )
-    options = RunOptions(
-        Path(args.file),
-        config,
-        blocks=args.blocks,
-        rematerialize=args.rematerialize,
-        timeout_seconds=args.timeout,
-    )
-    summary = anyio.run(run_pipeline, options, sys.stdout)
-    return 0 if summary.finished else 1
-
-
-def _worker(args: argparse.Namespace) -> int:
-    from trace_lite.worker_cli import WorkerConfig, default_worker_id, worker_main
-
-    config = WorkerConfig(
-        api=args.api,
-        streams=tuple(s.strip() for s in args.streams.split(",")),
-        worker_id=args.worker_id or default_worker_id(),
-        operators=args.operators,
-        max_tasks=args.max_tasks,
-        max_wait_ms=args.max_wait_ms,
-    )
-    return worker_main(config, os.environ)
-
-
-def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--port must be an integer, got {text!r}") from None
-    if not 0 < value < 65536:
-        raise argparse.ArgumentTypeError(f"--port must be within 1..65535, got {value}")
-    return value
-
-
-def _serve(args: argparse.Namespace, url: str) -> int:
-    # Imported here: the HTTP stack (FastAPI, uvicorn) is the optional `http` extra.
-    from trace_lite.serve import ServeConfig, read_internal_token, serve
-
-    token = read_internal_token(args.internal_token_file, os.environ)
-    config = ServeConfig(
-        url,
-        host=args.host,
-        port=args.port,
-        log_level=args.log_level,
-        operators=args.operators,
-        data_dir=args.data_dir,
-        data_database_url=args.data_db,
-    )
-    serve(config, token)
-    return 0
+def _rollback_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("dag_name")
+    parser.add_argument("--org", default="default", help="org slug (default 'default')")
 
 
 def _print_problems(exc: DagValidationError) -> int:
@@ -273,11 +121,10 @@ async def _validate_against_db(document: DagDocument, url: str, org: str | None)
         raise DagValidationError(problems)
 
 
-def _dag_validate(args: argparse.Namespace) -> int:
+def _dag_validate(args: argparse.Namespace, db: StateDatabase) -> int:
     document = load_dag(args.file)
-    if args.db:
-        parse_database_url(args.db)
-        anyio.run(_validate_against_db, document, args.db, args.org)
+    if db.named:
+        anyio.run(_validate_against_db, document, db.url(), args.org)
     else:
         for warning in document.warnings:
             print(warning)
@@ -286,9 +133,9 @@ def _dag_validate(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _dag_deploy(args: argparse.Namespace, url: str) -> int:
+async def _dag_deploy(args: argparse.Namespace, db: StateDatabase) -> int:
     document = load_dag(args.file)
-    repo = SqlRepository(url)
+    repo = SqlRepository(db.url())
     try:
         result = await deploy(
             repo,
@@ -311,9 +158,9 @@ async def _dag_deploy(args: argparse.Namespace, url: str) -> int:
     return 0
 
 
-async def _dag_rollback(args: argparse.Namespace, url: str) -> int:
+async def _dag_rollback(args: argparse.Namespace, db: StateDatabase) -> int:
     clock = SystemClock()
-    repo = SqlRepository(url)
+    repo = SqlRepository(db.url())
     try:
         result = await rollback(
             repo,
@@ -331,39 +178,234 @@ async def _dag_rollback(args: argparse.Namespace, url: str) -> int:
     return 0
 
 
+# --- starting Trace -----------------------------------------------------------------
+
+_START_RULE = (
+    "A new (or older) SQLite state database is migrated by this command; a Postgres one "
+    "must be at the newest schema revision (run `trace-lite db upgrade --db URL` first)."
+)
+
+
+def _demo_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--tasks", type=positive_int("--tasks"), default=1000)
+    parser.add_argument("--workers", type=positive_int("--workers"), default=4)
+    parser.add_argument("--batch", type=positive_int("--batch"), default=25)
+
+
+def _demo(args: argparse.Namespace, db: StateDatabase) -> int:
+    config = DemoConfig(db.url(), tasks=args.tasks, workers=args.workers, batch=args.batch)
+    anyio.run(run_demo, config, sys.stdout)
+    return 0
+
+
+def _serve_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    parser.add_argument("--port", type=port, default=8000, help="port to bind (default 8000)")
+    parser.add_argument(
+        "--internal-token-file",
+        help="file holding the internal bearer token (must not be readable by others)",
+    )
+    parser.add_argument(
+        "--operators", help="module:attribute of the OperatorRegistry for in-process jobs"
+    )
+    parser.add_argument(
+        "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
+    )
+
+
+def _serve(args: argparse.Namespace, db: StateDatabase) -> int:
+    # Imported here: the HTTP stack (FastAPI, uvicorn) is the optional `http` extra.
+    from trace_lite.serve import ServeConfig, read_internal_token, serve
+
+    # The token first: a start refused for want of one creates no database.
+    token = read_internal_token(args.internal_token_file, os.environ)
+    config = ServeConfig(
+        db.url(),
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        operators=args.operators,
+        data_dir=str(db.data_dir),
+        data_database_url=args.data_db,
+    )
+    serve(config, token)
+    return 0
+
+
+def _worker_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--api", required=True, help="base URL of `trace-lite serve`")
+    parser.add_argument(
+        "--streams", required=True, help="comma-separated worker streams, in priority order"
+    )
+    parser.add_argument("--operators", help="module:attribute of the OperatorRegistry to run")
+    parser.add_argument("--worker-id", help="worker id (default <host>-<pid>)")
+    parser.add_argument(
+        "--max-tasks", type=positive_int("--max-tasks"), help="exit after this many tasks"
+    )
+    parser.add_argument(
+        "--max-wait-ms",
+        type=positive_int("--max-wait-ms"),
+        default=10_000,
+        help="long-poll wait of one claim (default 10000)",
+    )
+
+
+def _worker(args: argparse.Namespace, db: StateDatabase) -> int:
+    from trace_lite.worker_cli import WorkerConfig, default_worker_id, worker_main
+
+    config = WorkerConfig(
+        api=args.api,
+        streams=tuple(s.strip() for s in args.streams.split(",")),
+        worker_id=args.worker_id or default_worker_id(),
+        operators=args.operators,
+        max_tasks=args.max_tasks,
+        max_wait_ms=args.max_wait_ms,
+    )
+    return worker_main(config, os.environ)
+
+
+def _run_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("file", help="the DAG file, e.g. examples/chain_pipeline.yaml")
+    parser.add_argument(
+        "--blocks",
+        type=positive_int("--blocks"),
+        help="follow this many blocks (default: the DAG's)",
+    )
+    parser.add_argument(
+        "--workers", type=positive_int("--workers"), default=4, help="worker threads"
+    )
+    parser.add_argument(
+        "--rematerialize",
+        metavar="DATASET",
+        help="rebuild DATASET (and what depends on it) as new versions; watch them swap in",
+    )
+    parser.add_argument("--spark-master", default="local[*]", help="Spark master (local[*])")
+    parser.add_argument("--spark-remote", help="Spark Connect URL (sc://host:port) instead")
+    parser.add_argument(
+        "--timeout", type=positive_int("--timeout"), default=3600, help="give up after (s)"
+    )
+
+
+def _run(args: argparse.Namespace, db: StateDatabase) -> int:
+    from trace_lite.platform import LiteConfig
+    from trace_lite.run_command import RunOptions, run_pipeline
+    from trace_lite.spark import SparkConfig
+
+    config = LiteConfig(
+        data_dir=db.data_dir,
+        database_url=db.url(),
+        data_database_url=args.data_db,
+        workers=args.workers,
+        spark=SparkConfig(master=args.spark_master, remote=args.spark_remote),
+    )
+    options = RunOptions(
+        Path(args.file),
+        config,
+        blocks=args.blocks,
+        rematerialize=args.rematerialize,
+        timeout_seconds=args.timeout,
+    )
+    summary = anyio.run(run_pipeline, options, sys.stdout)
+    return 0 if summary.finished else 1
+
+
+# --- the table ----------------------------------------------------------------------
+
+_GROUPS = {"db": "database schema", "dag": "validate, deploy and roll back DAG files"}
+
+COMMANDS: tuple[Command, ...] = (
+    Command(
+        ("db", "upgrade"),
+        "apply migrations up to the newest revision (creates a new SQLite file)",
+        Use.UPGRADE,
+        _db_upgrade,
+    ),
+    Command(
+        ("db", "check"),
+        "compare an existing database with the declared schema",
+        Use.EXISTING,
+        _db_check,
+    ),
+    Command(
+        ("dag", "validate"),
+        "check a DAG file; with --db or --data-dir, also against the dataset registry",
+        Use.OPTIONAL,
+        _dag_validate,
+        _file_and_org,
+    ),
+    Command(
+        ("dag", "deploy"),
+        "deploy a DAG file (a new version if it changed)",
+        Use.READY,
+        in_event_loop(_dag_deploy),
+        _deploy_arguments,
+    ),
+    Command(
+        ("dag", "rollback"),
+        "undo the last deploy of a DAG",
+        Use.READY,
+        in_event_loop(_dag_rollback),
+        _rollback_arguments,
+    ),
+    *STATUS_COMMANDS,
+    *OPS_COMMANDS,
+    Command(
+        ("run",),
+        "run a pipeline DAG end to end in this process, with live progress",
+        Use.START,
+        _run,
+        _run_arguments,
+        description="Starts the whole lite platform (Dispatcher, workers, Spark, sink), "
+        "deploys the DAG, follows its source over the block range and prints a summary. "
+        + _START_RULE,
+        data_database=True,
+    ),
+    Command(
+        ("serve",),
+        "serve the control-plane HTTP API with the Dispatcher running",
+        Use.START,
+        _serve,
+        _serve_arguments,
+        description="The internal token is read from $TRACE_INTERNAL_TOKEN or from "
+        "--internal-token-file (never from the command line). " + _START_RULE,
+        data_database=True,
+    ),
+    Command(
+        ("worker",),
+        "claim tasks of worker streams over HTTP and run them",
+        Use.NONE,
+        _worker,
+        _worker_arguments,
+        description="The internal token is read from $TRACE_INTERNAL_TOKEN "
+        "(never from the command line). SIGTERM finishes the running task, then exits. "
+        "A worker opens no database: it works through the HTTP API of `trace-lite serve`, "
+        "which creates or checks the state database as `serve --help` says.",
+    ),
+    Command(
+        ("demo",),
+        "enqueue, claim, heartbeat, fail, reclaim and complete",
+        Use.START,
+        _demo,
+        _demo_arguments,
+        description="The ownership protocol alone, printed as it happens. " + _START_RULE,
+    ),
+)
+"""Every ``trace-lite`` subcommand, in ``--help`` order."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point; returns the process exit code."""
-    args = _parser().parse_args(argv)
+    """Entry point; returns the process exit code.
+
+    Usage errors (bad arguments, a missing or unmigrated database, a bad
+    URL or token) print one line on stderr and return 2; no traceback.
+    """
+    args = build_parser("trace-lite", __doc__ or "", COMMANDS, _GROUPS).parse_args(argv)
+    command: Command = args.command
+    db = StateDatabase(command.database, getattr(args, "db", None), getattr(args, "data_dir", None))
     try:
-        if args.command == "dag" and args.dag_command == "validate":
-            return _dag_validate(args)
-        if args.command == "worker":
-            return _worker(args)
-        if args.command == "run":
-            return _run(args)
-        url = _database_url(args.db)
-        if args.command == "dag" and args.dag_command == "deploy":
-            return anyio.run(_dag_deploy, args, url)
-        if args.command == "dag" and args.dag_command == "rollback":
-            return anyio.run(_dag_rollback, args, url)
-        if args.command in OPS_COMMANDS:
-            return anyio.run(run_ops_command, args, url)
-        if args.command in STATUS_COMMANDS:
-            return anyio.run(run_status_command, args, url)
-        if args.command == "serve":
-            return _serve(args, url)
-        if args.command == "db" and args.db_command == "upgrade":
-            print(f"upgraded to {upgrade(url)} (head {head_revision()})")
-        elif args.command == "db" and args.db_command == "check":
-            diff = schema_diff(url)
-            print(json.dumps({"revision": current_revision(url), "differences": len(diff)}))
-            for entry in diff:
-                print(f"  {entry}")
-            return 1 if diff else 0
-        elif args.command == "demo":
-            config = DemoConfig(url, tasks=args.tasks, workers=args.workers, batch=args.batch)
-            anyio.run(run_demo, config, sys.stdout)
-        return 0
+        if getattr(args, "data_db", None):
+            parse_database_url(args.data_db)  # refused before anything starts, naming the URL
+        return command.run(args, db)
     except DagValidationError as exc:
         return _print_problems(exc)
     except ConfigurationError as exc:

@@ -2,7 +2,8 @@
 
 Read-only views of the state database (and, for row counts, of the lite
 data directory: Parquet footers in the object store, the buffered tables of
-the data database).
+the data database). They create no database (see
+:mod:`trace_lite.state_database` for how the state database is found).
 """
 
 from __future__ import annotations
@@ -16,52 +17,87 @@ import sqlalchemy as sa
 from trace_core.dag.coverage import Coverage
 from trace_core.storage import schema
 from trace_core.storage.sql import SqlRepository
+from trace_core.storage.url import parse_database_url
 from trace_lite.buffered import DataDatabase
+from trace_lite.cli_commands import Command, in_event_loop, positive_int
+from trace_lite.state_database import StateDatabase, Use, sqlite_file
 from trace_lite.status import dataset_statuses, object_rows, table_rows, task_counts
 from trace_lite.tables import render_table
 
-__all__ = ["STATUS_COMMANDS", "add_status_commands", "run_status_command"]
+__all__ = ["STATUS_COMMANDS"]
 
-STATUS_COMMANDS = ("status", "datasets", "tasks")
 _STATES = ("Queued", "Running", "Failed", "Completed", "Canceled")
 
 
-def add_status_commands(
-    sub: argparse._SubParsersAction[argparse.ArgumentParser], db_help: str
-) -> None:
-    """Register ``status``, ``datasets`` and ``tasks`` on the ``trace-lite`` parser."""
-    for name, text in (
-        ("status", "a DAG's versions, dataset coverage and tasks per job and state"),
-        ("datasets", "a DAG's datasets: versions, events, blocks covered, rows"),
-        ("tasks", "a DAG's tasks, newest first"),
-    ):
-        cmd = sub.add_parser(name, help=text)
-        cmd.add_argument("dag_name")
-        cmd.add_argument("--db", help=db_help)
-        cmd.add_argument("--org", default="default", help="org slug (default 'default')")
-        if name == "datasets":
-            cmd.add_argument("--data-dir", default=".trace", help="lite data directory (.trace/)")
-            cmd.add_argument("--data-db", help="data database URL (default <data-dir>/data.db)")
-        if name == "tasks":
-            cmd.add_argument("--job", help="only this job's tasks")
-            cmd.add_argument("--state", choices=_STATES, help="only tasks in this state")
-            cmd.add_argument("--limit", type=int, default=50, help="at most this many (50)")
+def _dag_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("dag_name")
+    parser.add_argument("--org", default="default", help="org slug (default 'default')")
 
 
-async def run_status_command(args: argparse.Namespace, url: str) -> int:
-    """Run one of :data:`STATUS_COMMANDS`; the exit code."""
-    repo = SqlRepository(url)
+def _tasks_arguments(parser: argparse.ArgumentParser) -> None:
+    _dag_arguments(parser)
+    parser.add_argument("--job", help="only this job's tasks")
+    parser.add_argument("--state", choices=_STATES, help="only tasks in this state")
+    parser.add_argument(
+        "--limit", type=positive_int("--limit"), default=50, help="at most this many (50)"
+    )
+
+
+async def _run_status(args: argparse.Namespace, db: StateDatabase) -> int:
+    repo = SqlRepository(db.url())
     try:
-        if args.command == "status":
-            lines = await _status(repo, args.dag_name, args.org)
-        elif args.command == "datasets":
-            lines = await _datasets(repo, args)
-        else:
-            lines = await _tasks(repo, args)
+        lines = await _status(repo, args.dag_name, args.org)
     finally:
         await repo.close()
     print("\n".join(lines))
     return 0
+
+
+async def _run_datasets(args: argparse.Namespace, db: StateDatabase) -> int:
+    repo = SqlRepository(db.url())
+    try:
+        lines = await _datasets(repo, args, db.data_dir)
+    finally:
+        await repo.close()
+    print("\n".join(lines))
+    return 0
+
+
+async def _run_tasks(args: argparse.Namespace, db: StateDatabase) -> int:
+    repo = SqlRepository(db.url())
+    try:
+        lines = await _tasks(repo, args)
+    finally:
+        await repo.close()
+    print("\n".join(lines))
+    return 0
+
+
+STATUS_COMMANDS = (
+    Command(
+        ("status",),
+        "a DAG's versions, dataset coverage and tasks per job and state",
+        Use.READY,
+        in_event_loop(_run_status),
+        _dag_arguments,
+    ),
+    Command(
+        ("datasets",),
+        "a DAG's datasets: versions, events, blocks covered, rows",
+        Use.READY,
+        in_event_loop(_run_datasets),
+        _dag_arguments,
+        data_database=True,
+    ),
+    Command(
+        ("tasks",),
+        "a DAG's tasks, newest first",
+        Use.READY,
+        in_event_loop(_run_tasks),
+        _tasks_arguments,
+    ),
+)
+"""``status``, ``datasets`` and ``tasks``: read-only, on an existing, current database."""
 
 
 async def _status(repo: SqlRepository, dag: str, org: str) -> list[str]:
@@ -95,10 +131,12 @@ def _ranges(coverage: Coverage) -> str:
     return shown + (f" (+{len(ranges) - 3} more)" if len(ranges) > 3 else "")
 
 
-async def _datasets(repo: SqlRepository, args: argparse.Namespace) -> list[str]:
+async def _datasets(repo: SqlRepository, args: argparse.Namespace, data_dir: Path) -> list[str]:
     statuses = await dataset_statuses(repo, args.dag_name, org_slug=args.org)
-    data_dir = Path(args.data_dir)
-    data = DataDatabase(args.data_db or f"sqlite:///{data_dir / 'data.db'}")
+    data_url = args.data_db or f"sqlite:///{data_dir / 'data.db'}"
+    data_file = sqlite_file(parse_database_url(data_url))
+    # A read command creates no database: no data file yet means no buffered rows yet.
+    data = None if data_file is not None and not data_file.exists() else DataDatabase(data_url)
     rows = []
     try:
         for s in statuses:
@@ -107,7 +145,7 @@ async def _datasets(repo: SqlRepository, args: argparse.Namespace) -> list[str]:
                     object_rows, data_dir / "objects", s.location
                 )
             else:
-                count = await table_rows(data, s.location)
+                count = 0 if data is None else await table_rows(data, s.location)
             rows.append(
                 (
                     s.name,
@@ -120,7 +158,8 @@ async def _datasets(repo: SqlRepository, args: argparse.Namespace) -> list[str]:
                 )
             )
     finally:
-        await data.close()
+        if data is not None:
+            await data.close()
     header = ("dataset", "version", "dag version", "events", "blocks", "rows", "location")
     return render_table(header, rows)
 

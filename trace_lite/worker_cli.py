@@ -296,5 +296,8 @@ def worker_main(config: WorkerConfig, environ: Mapping[str, str]) -> int:
         )
     try:
         return anyio.run(run_worker, config, token, operators)
-    except ControlPlaneRejected as exc:
-        raise ConfigurationError(f"the control plane refused the worker: {exc}") from None
+    except* ControlPlaneRejected as refused:
+        # Raised inside the worker's task group, so it arrives wrapped in a group.
+        raise ConfigurationError(
+            f"the control plane refused the worker: {refused.exceptions[0]}"
+        ) from None
