@@ -296,6 +296,7 @@ def test_authoring_exports_what_an_operator_author_needs() -> None:
         "SecretProvider",
         "StaticSecrets",
         "TaskContext",
+        "TaskPayload",
         "declared_secrets",
         "parse_events",
     }

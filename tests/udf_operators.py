@@ -65,7 +65,7 @@ def probe(ctx: Any) -> dict[str, Any]:
     for token in candidates:
         fetch = f"{base}/internal/task-fetch?task_id={ctx.task_id}"
         statuses.add(_status(fetch, None, token))
-        complete = {"task_id": ctx.task_id, "attempt": ctx.attempt, "status": "Canceled"}
+        complete = {"task_id": str(ctx.task_id), "attempt": ctx.attempt, "status": "Canceled"}
         statuses.add(_status(f"{base}/internal/task-complete", complete, token))
     found = {
         "env": sorted(os.environ),

@@ -9,7 +9,8 @@ module and the UDF child start light.
 - :class:`OperatorSpec`, :class:`OperatorRegistry`: operator name ->
   implementation, validated at deploy.
 - :class:`TaskContext`, :class:`OperatorResult`, :class:`OperatorError`: what
-  an operator is called with and returns.
+  an operator is called with and returns; :class:`TaskPayload` is the typed
+  task document a UDF's context shares.
 """
 
 from typing import TYPE_CHECKING
@@ -18,7 +19,6 @@ from trace_core.lazy_exports import attach
 
 if TYPE_CHECKING:
     from trace_core.authoring.context import (
-        CAPABILITY_TOKEN_ENV,
         AttemptControl,
         OperatorError,
         OperatorResult,
@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     )
     from trace_core.authoring.events import AcceptResult, DatasetEvent, parse_events
     from trace_core.authoring.operators import OperatorRegistry, OperatorSpec
+    from trace_core.authoring.payload import CAPABILITY_TOKEN_ENV, TaskPayload
 
 __all__ = [
     "CAPABILITY_TOKEN_ENV",
@@ -42,6 +43,7 @@ __all__ = [
     "SecretProvider",
     "StaticSecrets",
     "TaskContext",
+    "TaskPayload",
     "declared_secrets",
     "parse_events",
 ]

@@ -19,7 +19,6 @@ Part of :mod:`trace_core.authoring`: it imports nothing from the control plane.
 from __future__ import annotations
 
 import re
-import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -27,6 +26,7 @@ from typing import Any, Protocol
 import anyio.from_thread
 
 from trace_core.authoring.events import AcceptResult, DatasetEvent
+from trace_core.authoring.payload import CAPABILITY_TOKEN_ENV, TaskPayload
 from trace_core.errors import ConfigurationError, StaleClaim
 
 __all__ = [
@@ -41,9 +41,6 @@ __all__ = [
     "check_env_name",
     "declared_secrets",
 ]
-
-CAPABILITY_TOKEN_ENV = "TRACE_TASK_CAPABILITY_TOKEN"
-"""The environment variable holding the attempt's capability token in a UDF child."""
 
 RESERVED_ENV = frozenset({"PATH", "HOME", "LANG", "PYTHONPATH"})
 """Names the wrapper sets itself in a UDF child; a secret may not take them."""
@@ -134,7 +131,7 @@ def declared_secrets(config: Mapping[str, Any]) -> list[str]:
     return [check_env_name(n, f"config.secrets[{i}]") for i, n in enumerate(names)]
 
 
-class TaskContext:
+class TaskContext(TaskPayload):
     """What an operator gets: the task payload and its fenced calls.
 
     Asynchronous operators ``await ctx.emit(...)``; synchronous ones (run in a
@@ -151,7 +148,7 @@ class TaskContext:
         secrets: Mapping[str, str] | None = None,
         credentials: Mapping[str, str] | None = None,
     ) -> None:
-        self.payload: dict[str, Any] = dict(payload)
+        super().__init__(payload)
         self._control = control
         self.secrets: Mapping[str, str] = dict(secrets or {})
         """The job's declared secrets (``config["secrets"]``), and no others."""
@@ -159,36 +156,6 @@ class TaskContext:
         """Scoped credentials for this attempt (e.g. STS keys), when the worker has a
         broker; re-minted whenever the capability token is renewed (:meth:`renew`)."""
         self.emitted: list[AcceptResult] = []
-
-    @property
-    def task_id(self) -> uuid.UUID:
-        """The task (the producer run id of its events)."""
-        return uuid.UUID(str(self.payload["task_id"]))
-
-    @property
-    def attempt(self) -> int:
-        """The attempt being run."""
-        return int(self.payload["attempt"])
-
-    @property
-    def job(self) -> dict[str, Any]:
-        """``{dag_name, name, ...}`` of the task's job."""
-        return dict(self.payload.get("job") or {})
-
-    @property
-    def config(self) -> dict[str, Any]:
-        """The job's operator config."""
-        return dict(self.payload.get("config") or {})
-
-    @property
-    def inputs(self) -> list[dict[str, Any]]:
-        """Pinned input versions with their ``where`` filters and unit of work."""
-        return list(self.payload.get("inputs") or [])
-
-    @property
-    def outputs(self) -> list[dict[str, Any]]:
-        """Output datasets with their version and location, by output index."""
-        return list(self.payload.get("outputs") or [])
 
     @property
     def capability_token(self) -> str | None:

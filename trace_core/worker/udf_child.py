@@ -40,9 +40,9 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import IO, Any
 
-__all__ = ["EmitRefused", "UdfContext", "main"]
+from trace_core.authoring.payload import CAPABILITY_TOKEN_ENV, TaskPayload
 
-CAPABILITY_TOKEN_ENV = "TRACE_TASK_CAPABILITY_TOKEN"  # kept in step with context.py
+__all__ = ["EmitRefused", "UdfContext", "main"]
 
 
 class EmitRefused(RuntimeError):
@@ -54,37 +54,12 @@ class EmitRefused(RuntimeError):
         self.retryable = retryable
 
 
-class UdfContext:
+class UdfContext(TaskPayload):
     """What a UDF sees: the task document, its environment, and two calls."""
 
     def __init__(self, task: Mapping[str, Any], channel: _Channel) -> None:
-        self.payload: dict[str, Any] = dict(task)
+        super().__init__(task)
         self._channel = channel
-
-    @property
-    def task_id(self) -> str:
-        """The task id."""
-        return str(self.payload["task_id"])
-
-    @property
-    def attempt(self) -> int:
-        """The attempt being run."""
-        return int(self.payload["attempt"])
-
-    @property
-    def config(self) -> dict[str, Any]:
-        """The job's operator config."""
-        return dict(self.payload.get("config") or {})
-
-    @property
-    def inputs(self) -> list[dict[str, Any]]:
-        """Pinned input versions with their ``where`` filters and unit of work."""
-        return list(self.payload.get("inputs") or [])
-
-    @property
-    def outputs(self) -> list[dict[str, Any]]:
-        """Output datasets with their version and location, by output index."""
-        return list(self.payload.get("outputs") or [])
 
     @property
     def capability_token(self) -> str | None:
