@@ -9,7 +9,7 @@ into a precise answer by inspecting the item afterwards.
 from __future__ import annotations
 
 import random
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -21,7 +21,7 @@ from trace_core.model import ClaimOutcome, Fence, ItemState, Lease, NotClaimedRe
 from trace_core.retry import RetryClass, RetryPolicy
 from trace_core.storage.protocol import Repository, Transaction, within
 
-__all__ = ["FailOutcome", "LeaseConfig", "LeaseQueue", "ReclaimReport"]
+__all__ = ["FailOutcome", "LeaseConfig", "LeaseQueue", "ReclaimHooks", "ReclaimReport"]
 
 ItemId = Any
 
@@ -57,6 +57,17 @@ class ReclaimReport:
 
     retried: list[ItemId] = field(default_factory=list)
     dead_lettered: list[ItemId] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class ReclaimHooks:
+    """How a caller of :meth:`LeaseQueue.reclaim_expired` words and records the
+    failures of expired leases, inside the reclaim's transaction."""
+
+    reasons: Callable[[Transaction, Sequence[Fence]], Awaitable[Mapping[ItemId, str]]]
+    """The error text of each expired lease (an id it leaves out gets the default)."""
+    failed: Callable[[Transaction, Fence, FailOutcome, str], Awaitable[None]]
+    """Called for each lease failed, with the outcome and the error text written."""
 
 
 class LeaseQueue:
@@ -301,27 +312,34 @@ class LeaseQueue:
 
     # --- maintenance --------------------------------------------------------
 
-    async def reclaim_expired(self, *, limit: int | None = None) -> ReclaimReport:
+    async def reclaim_expired(
+        self, *, limit: int | None = None, hooks: ReclaimHooks | None = None
+    ) -> ReclaimReport:
         """Fail every expired lease: retry with backoff, or dead-letter when exhausted.
 
-        Queues whose expiry bumps ``claim_version`` fence the old holder out
-        here; tasks keep the old fence until the next claim (late replies).
+        Each failure is the fenced "fail only if still expired" write: a holder
+        that heartbeats between the scan and the write keeps its lease. Queues
+        whose expiry bumps ``claim_version`` fence the old holder out here;
+        tasks keep the old fence until the next claim (late replies).
+        ``hooks`` word each failure and record it in the same transaction.
         """
         report = ReclaimReport()
         now = self.clock.now()
         async with self.repo.transaction() as t:
             fences = await t.expired(self.queue, now=now, limit=limit or self.config.max_batch)
+            if not fences:
+                return report
+            reasons = await hooks.reasons(t, fences) if hooks is not None else {}
             for fence in fences:
+                reason = reasons.get(fence.item_id, f"lease expired (attempt {fence.attempt})")
                 outcome = await self._fail(
-                    fence,
-                    f"lease expired (attempt {fence.attempt})",
-                    RetryClass.RETRYABLE,
-                    tx=t,
-                    expired_before=now,
+                    fence, reason, RetryClass.RETRYABLE, tx=t, expired_before=now
                 )
                 if outcome is None:
                     continue
                 (report.retried if outcome.retrying else report.dead_lettered).append(fence.item_id)
+                if hooks is not None:
+                    await hooks.failed(t, fence, outcome, reason)
         return report
 
     async def requeue_due(

@@ -19,8 +19,8 @@ Every terminal failure is journaled for ``explain``.
 
 from __future__ import annotations
 
-import random
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Protocol
@@ -32,9 +32,10 @@ from trace_core.clock import Clock, SystemClock
 from trace_core.dispatcher.journal import record
 from trace_core.dispatcher.periodic import PeriodicService, require_positive
 from trace_core.errors import ConfigurationError, InvalidTransition, StaleClaim
-from trace_core.model import TASKS, Fence
-from trace_core.retry import RetryClass
+from trace_core.leasing import FailOutcome, ReclaimHooks
+from trace_core.model import Fence
 from trace_core.storage import schema
+from trace_core.storage.protocol import Transaction
 from trace_core.storage.sql import SqlRepository, as_sql
 from trace_core.tasks import TaskQueue
 
@@ -123,7 +124,6 @@ class Reaper(PeriodicService):
         clock: Clock | None = None,
         config: ReaperConfig | None = None,
         tasks: TaskQueue | None = None,
-        rng: random.Random | None = None,
     ) -> None:
         self.config = config or ReaperConfig()
         super().__init__(self.config.interval_seconds)
@@ -131,7 +131,6 @@ class Reaper(PeriodicService):
         self.clock = clock or (tasks.clock if tasks is not None else SystemClock())
         self.tasks = tasks or TaskQueue(repo, clock=self.clock)
         """Its lease config (the default lease) and retry policy are the ones used."""
-        self._rng = rng or random.Random()
 
     async def run_once(self) -> ReapReport:
         """Fail expired leases, then timed-out attempts; what was done."""
@@ -141,47 +140,31 @@ class Reaper(PeriodicService):
         return report
 
     async def _reap_expired(self, report: ReapReport) -> None:
-        # This is TaskQueue.reclaim_expired() with the reason spelled out: the
-        # same fenced "fail only if still expired" update per lease (a worker
-        # that heartbeats between the scan and the update keeps its lease).
+        # The queue's own reclaim, with the reason worded from the lease each
+        # attempt held and terminal failures journaled in its transaction.
+        jobs: dict[Any, uuid.UUID] = {}
+
+        async def reasons(t: Transaction, fences: Sequence[Fence]) -> dict[Any, str]:
+            info = await _lease_info(as_sql(t).connection, [f.item_id for f in fences])
+            default = self.tasks.leases.config.lease_seconds
+            worded = {}
+            for item_id, (job_id, lease) in info.items():
+                jobs[item_id] = job_id
+                held = default if lease is None else lease
+                worded[item_id] = f"lease expired: no heartbeat within {_seconds(held)} s"
+            return worded
+
+        async def failed(t: Transaction, fence: Fence, outcome: FailOutcome, reason: str) -> None:
+            if not outcome.retrying:
+                await _journal_dead(as_sql(t).connection, jobs[fence.item_id], fence, reason, now)
+
         now = self.clock.now()
-        retry = self.tasks.leases.retry
-        async with self.repo.transaction() as t:
-            st = as_sql(t)
-            fences = await t.expired(TASKS, now=now, limit=self.config.batch_size)
-            if not fences:
-                return
-            info = await _lease_info(st.connection, [f.item_id for f in fences])
-            for fence in fences:
-                job_id, lease = info[fence.item_id]
-                if lease is None:
-                    lease = self.tasks.leases.config.lease_seconds
-                attempt = max(1, fence.attempt)
-                decision = retry.decide(
-                    RetryClass.RETRYABLE,
-                    attempt=attempt,
-                    max_attempts=attempt + 1,  # the row's own max_attempts decides in SQL
-                    now=now,
-                    rng=self._rng,
-                )
-                reason = f"lease expired: no heartbeat within {_seconds(lease)} s"
-                result = await t.fail(
-                    TASKS,
-                    fence,
-                    now=now,
-                    retryable=decision.retry,
-                    retry_at=decision.retry_at,
-                    error=reason,
-                    expired_before=now,
-                )
-                if result is None:
-                    continue  # heartbeated or finished since the scan
-                report.expired += 1
-                if result[1]:
-                    report.retried += 1
-                else:
-                    report.dead_lettered.append(uuid.UUID(str(fence.item_id)))
-                    await _journal_dead(st.connection, job_id, fence, reason, now)
+        reclaimed = await self.tasks.leases.reclaim_expired(
+            limit=self.config.batch_size, hooks=ReclaimHooks(reasons, failed)
+        )
+        report.expired += len(reclaimed.retried) + len(reclaimed.dead_lettered)
+        report.retried += len(reclaimed.retried)
+        report.dead_lettered.extend(uuid.UUID(str(i)) for i in reclaimed.dead_lettered)
 
     async def _reap_timed_out(self, report: ReapReport) -> None:
         now = self.clock.now()
