@@ -74,10 +74,7 @@ async def complete_attempt(
     recognize a duplicate report of the same attempt."""
     try:
         accepted = await dispatcher.control.complete(fence, events=events, outputs=outputs)
-    except (InvalidTransition, StaleClaim):
-        # With final events the producer fence refuses an ended attempt first
-        # (StaleClaim): a repeated report of this very completion is still a
-        # duplicate, every other refusal stands.
+    except InvalidTransition:
         state = await report_state(dispatcher, fence)
         if state.status == "Completed":
             return Completion(duplicate=True)

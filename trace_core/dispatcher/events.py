@@ -32,7 +32,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from trace_core.clock import Clock, SystemClock
 from trace_core.dispatcher.coverage import record_coverage
 from trace_core.dispatcher.redeliveries import count_redeliveries, deferred_payload
-from trace_core.errors import InvalidInput, StaleClaim
+from trace_core.errors import InvalidInput, InvalidTransition, StaleClaim
 from trace_core.limits import MAX_BIGINT, MAX_RANGE_BOUND
 from trace_core.model import TASKS
 from trace_core.outbox import write_outbox
@@ -215,7 +215,9 @@ class EventGateway:
         """Store ``events`` and schedule their routing, in one transaction.
 
         ``producer=None`` is a manual event (the trigger API). Raises
-        :class:`~trace_core.errors.StaleClaim` for a stale producer attempt and
+        :class:`~trace_core.errors.StaleClaim` for a stale producer attempt or
+        one that has ended (:class:`~trace_core.errors.InvalidTransition` if it
+        completed, as a repeated completion is answered), and
         :class:`~trace_core.errors.InvalidInput` for an event naming an unknown
         dataset version or a dataset the producer's job does not produce.
         """
@@ -277,6 +279,10 @@ async def _check_producer(
             producer.task_id,
             f"attempt {producer.attempt} is not current (attempt {attempt}, {status})",
         )
+    if status == TASKS.done:
+        # Answered as the completion itself answers a repeated report, so a
+        # repeated completion with final events is recognized as a duplicate.
+        raise InvalidTransition(TASKS.lifecycle.name, status, TASKS.done, producer.task_id)
     if not replying:
         raise StaleClaim(
             "tasks", producer.task_id, f"attempt {attempt} has ended ({status}): it emits nothing"
