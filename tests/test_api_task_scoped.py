@@ -40,8 +40,10 @@ from trace_core.api import create_app
 from trace_core.clock import ManualClock
 from trace_core.dag import DeployResult, parse_dag
 from trace_core.dispatcher.buffer import InMemoryDatasetBuffer
+from trace_core.dispatcher.events import DatasetEvent, parse_events
 from trace_core.dispatcher.service import Dispatcher
-from trace_core.errors import ConfigurationError
+from trace_core.errors import ConfigurationError, InvalidTransition, StaleClaim
+from trace_core.model import Fence
 from trace_core.security import (
     JwksUnavailable,
     LocalCredentialMinter,
@@ -388,6 +390,124 @@ async def test_a_finished_attempt_publishes_nothing_and_gets_no_credentials(
     # The report itself stays idempotent.
     again = await api.call("complete", _complete(api, claimed), claimed.token)
     assert again.status_code == 200 and again.json()["duplicate"] is True
+
+
+# --- an ended attempt: refused everywhere, nothing stored (issue 14, section 4) -------
+
+ENDINGS = ("completed", "failed", "failed_fatal", "failed_requeued", "canceled", "dead_lettered")
+"""Every way an attempt ends other than the timeout mark."""
+
+
+async def _end(api: TaskApi, claimed: Claimed, how: str) -> None:
+    if how == "completed":
+        done = await api.call("complete", _complete(api, claimed), claimed.token)
+        assert done.status_code == 200, done.text
+    elif how.startswith("failed"):
+        report = {
+            **_heartbeat(api, claimed),
+            "status": "Failed",
+            "error_message": "boom",
+            "retryable": how != "failed_fatal",
+        }
+        failed = await api.call("complete", report, claimed.token)
+        assert failed.status_code == 200, failed.text
+        if how == "failed_requeued":
+            api.clock.advance(BACKOFF)
+            await api.dispatcher.retries.run_once()
+    elif how == "canceled":
+        assert await api.dispatcher.tasks.cancel([claimed.task_id]) == {claimed.task_id}
+    else:
+        dead = await api.dispatcher.tasks.leases.dead_letter([claimed.task_id], reason="operator")
+        assert dead == {claimed.task_id}
+
+
+async def _stored(api: TaskApi) -> dict[str, list[str]]:
+    """Every row of what an accepted event or report writes: events, coverage,
+    outbox rows and tasks (downstream tasks included)."""
+    tables = (schema.events, schema.dataset_version_progress, schema.outbox, schema.tasks)
+    async with api.dispatcher.repo.read() as tx:
+        conn = tx.connection
+        return {
+            t.name: sorted(str(tuple(r)) for r in (await conn.execute(sa.select(t))).all())
+            for t in tables
+        }
+
+
+def _final_events(api: TaskApi, c: Claimed) -> dict[str, Any]:
+    return {**_complete(api, c), "events": _events(api, c)["events"]}
+
+
+@pytest.mark.parametrize("how", ENDINGS)
+async def test_an_ended_attempt_is_refused_on_every_route_and_stores_nothing(
+    api: TaskApi, how: str
+) -> None:
+    """The capability token of a finished attempt is still valid; the attempt
+    is not current any more (interface-contracts.md, "Worker → Dispatcher")."""
+    claimed = await api.running()
+    await _end(api, claimed, how)
+    status = (await api.dispatcher.tasks.leases.inspect(claimed.task_id)).status
+    await api.dispatcher.run_once()  # whatever the ending left to route
+    before = await _stored(api)
+    batches = len(api.kit.buffer.batches())
+    calls = [(route, ROUTES[route](api, claimed)) for route in ROUTES]
+    calls.append(("complete", _final_events(api, claimed)))
+    for route, body in calls:
+        response = await api.call(route, body, claimed.token)
+        if how == "completed" and route == "complete":
+            # The repeated report of the recorded completion stays idempotent.
+            assert response.status_code == 200, response.text
+            assert response.json()["duplicate"] is True and response.json()["event_ids"] == []
+        else:
+            assert response.status_code == 409, (route, status, response.text)
+            assert "secret_access_key" not in response.text
+    # The internal routes and the in-process calls answer the same.
+    internal = [
+        ("/internal/events", _events(api, claimed)),
+        ("/internal/task-complete", _final_events(api, claimed)),
+    ]
+    for path, body in internal:
+        response = await api.client.post(path, json=body, headers=AUTH)
+        expected = 200 if how == "completed" and path.endswith("complete") else 409
+        assert response.status_code == expected, (path, status, response.text)
+    events = to_events_of(api, claimed)
+    with pytest.raises((StaleClaim, InvalidTransition)):
+        await api.dispatcher.control.emit(claimed.task_id, claimed.attempt, events)
+    fence = Fence(claimed.task_id, claimed.attempt, uuid.UUID(claimed.lease_token))
+    with pytest.raises((StaleClaim, InvalidTransition)):
+        await api.dispatcher.control.complete(fence, events=events)
+    with pytest.raises((StaleClaim, InvalidTransition)):
+        await api.dispatcher.control.heartbeat(fence)
+    await api.dispatcher.run_once()  # routing: nothing new to route
+    assert await _stored(api) == before
+    assert len(api.kit.buffer.batches()) == batches
+    assert (await api.dispatcher.tasks.leases.inspect(claimed.task_id)).status == status
+
+
+def to_events_of(api: TaskApi, c: Claimed) -> list[DatasetEvent]:
+    return parse_events(_events(api, c)["events"])
+
+
+async def test_a_timed_out_attempt_may_still_reply_until_a_newer_attempt_starts(
+    api: TaskApi,
+) -> None:
+    """The late-reply allowance: marked timed out (the reaper failed the
+    expired lease), no newer attempt yet: events and the completion count."""
+    claimed = await api.running()
+    api.clock.advance(LEASE_EXPIRY)
+    assert (await api.dispatcher.reaper.run_once()).expired == 1
+    assert (await api.dispatcher.tasks.leases.inspect(claimed.task_id)).status == "Failed"
+    # The attempt is not running: no heartbeat, no data access.
+    for route in ("heartbeat", "buffer-publish", "credentials"):
+        response = await api.call(route, ROUTES[route](api, claimed), claimed.token)
+        assert response.status_code == 409, (route, response.text)
+    events = await api.call("events", _events(api, claimed), claimed.token)
+    assert events.status_code == 200 and events.json()["new"] == 1, events.text
+    done = await api.call("complete", _final_events(api, claimed), claimed.token)
+    assert done.status_code == 200 and done.json()["duplicate"] is False, done.text
+    assert (await api.dispatcher.tasks.leases.inspect(claimed.task_id)).status == "Completed"
+    # Completed now: the attempt has ended, further events are refused.
+    again = await api.call("events", _events(api, claimed), claimed.token)
+    assert again.status_code == 409, again.text
 
 
 # --- credentials ----------------------------------------------------------------------

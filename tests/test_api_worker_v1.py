@@ -357,6 +357,26 @@ async def test_fail_requeues_or_dead_letters_idempotently(api: Api) -> None:
     assert (await api.claim(fatal_id))["reason"] == "DeadLettered"
 
 
+@pytest.mark.parametrize("retryable", [True, False])
+async def test_an_attempt_that_failed_cannot_complete_afterwards(api: Api, retryable: bool) -> None:
+    """The attempt's own failure report ends it (issue 14, section 4): a
+    completion with events after it is stale, stores nothing, routes nothing."""
+    await api.trigger("run-1")
+    claimed = await _claim(api)
+    task_id = uuid.UUID(claimed["job_id"])
+    error = {"code": "E", "message": "boom", "retryable": retryable}
+    failed = await api.client.post("/internal/worker/fail", json=_report(claimed, error=error))
+    assert failed.status_code == 200, failed.text
+    before = await api.task(task_id)
+    result = {"events": [partition(api.blocks, 0, 9)]}
+    late = await api.client.post("/internal/worker/complete", json=_report(claimed, result=result))
+    assert late.status_code == 409, late.text
+    assert late.json()["error"] == "stale" and late.json()["ack"] is True
+    assert await api.task(task_id) == before
+    await api.dispatcher.run_once()
+    assert await api.tasks_of("double") == []
+
+
 async def test_reports_for_an_unknown_job_are_404_and_acked(api: Api) -> None:
     ghost = {
         "worker_id": "w",

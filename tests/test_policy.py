@@ -585,3 +585,156 @@ async def test_default_key_is_random_per_minter(clock: ManualClock) -> None:
     creds = await _mint(first)
     assert first.check(creds, "read", "s3://trace-data/t1/in/x")
     assert not second.check(creds, "read", "s3://trace-data/t1/in/x")
+
+
+# --- restoring wire credentials: MAC first, then a strict parse (issue 14, section 4) ---
+
+
+def _wire(creds: MintedCredentials, **edit: object) -> dict[str, object]:
+    values: dict[str, object] = {
+        "access_key_id": creds.access_key_id,
+        "secret_access_key": creds.secret_access_key,
+        "session_token": creds.session_token,
+        "expiration": creds.expiration.isoformat(),
+    }
+    values.update(edit)
+    return values
+
+
+def _body(doc: object) -> str:
+    import base64
+
+    text = doc if isinstance(doc, str) else json.dumps(doc)
+    return base64.urlsafe_b64encode(text.encode()).rstrip(b"=").decode()
+
+
+_NESTED = "[" * 100_000 + "]" * 100_000
+
+
+@pytest.mark.anyio
+async def test_restore_round_trips_genuine_credentials(minter: LocalCredentialMinter) -> None:
+    creds = await _mint(minter)
+    restored = minter.restore(_wire(creds))  # type: ignore[arg-type]
+    assert restored.scope == creds.scope and restored.expiration == creds.expiration
+    assert minter.check(restored, "read", "s3://trace-data/t1/in/x")
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    "payload",
+    [
+        '{"exp": 1e400, "akid": "A", "scope": "S"}',
+        _NESTED,
+        '{"exp": 99999999999999999999999, "akid": "A", "scope": "S"}',
+        '{"exp": -99999999999999999999999, "akid": "A", "scope": "S"}',
+        '{"exp": 1.5, "akid": "A", "scope": "S"}',
+        '{"exp": true, "akid": "A", "scope": "S"}',
+        '{"exp": 1, "akid": 7, "scope": "S"}',
+        '{"exp": 1, "akid": "A", "scope": ' + _NESTED + "}",
+        "[]",
+        "not json",
+    ],
+    ids=[
+        "exp-1e400",
+        "nested",
+        "exp-huge",
+        "exp-huge-negative",
+        "exp-float",
+        "exp-bool",
+        "akid-int",
+        "nested-scope",
+        "list",
+        "text",
+    ],
+)
+async def test_restore_refuses_crafted_bodies_forged_or_authentic(
+    minter: LocalCredentialMinter, payload: str
+) -> None:
+    """A forged body is refused by its MAC before it is parsed; even an
+    authentic (correctly signed) body of the wrong shape is InvalidInput."""
+    creds = await _mint(minter)
+    version, _, mac = creds.session_token.split(".")
+    # A genuine scope, so that only the crafted value can be what is refused.
+    body = _body(payload.replace('"S"', json.dumps(creds.scope.as_dict())))
+    for token in (f"{version}.{body}.{mac}", f"{version}.{body}.{minter._token_mac(body)}"):
+        with pytest.raises(InvalidInput) as info:
+            minter.restore(_wire(creds, session_token=token))  # type: ignore[arg-type]
+        assert info.value.field.startswith("credentials")
+        assert creds.secret_access_key not in str(info.value)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("values", "field"),
+    [
+        ({}, "credentials.access_key_id"),
+        ({"access_key_id": 1}, "credentials.access_key_id"),
+        ({"secret_access_key": None}, "credentials.secret_access_key"),
+        ({"session_token": ["x"]}, "credentials.session_token"),
+        ({"session_token": "tl1.\udc80.x"}, "credentials.session_token"),
+        ({"secret_access_key": "\ud800"}, "credentials"),
+    ],
+)
+async def test_restore_names_the_malformed_field(
+    minter: LocalCredentialMinter, values: dict[str, object], field: str
+) -> None:
+    creds = await _mint(minter)
+    wire = {} if not values else _wire(creds, **values)
+    with pytest.raises(InvalidInput) as info:
+        minter.restore(wire)  # type: ignore[arg-type]
+    assert info.value.field == field
+    with pytest.raises(InvalidInput):
+        minter.restore("not a mapping")  # type: ignore[arg-type]
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner),
+    max_leaves=12,
+)
+_SCOPES = st.just({"read": ["s3://trace-data/t1/in/"], "write": []}) | _JSON
+_EXPIRIES = (
+    st.integers()
+    | st.floats()
+    | st.sampled_from([10**400, -(10**400), 2**63, 253402300800, float("inf")])
+    | _JSON
+)
+_PAYLOADS = st.one_of(
+    _JSON,
+    st.fixed_dictionaries(
+        {"akid": _JSON | st.text(), "exp": _EXPIRIES, "scope": _SCOPES},
+        optional={"v": _JSON, "sn": _JSON, "iat": _JSON},
+    ),
+)
+_VALUES = st.one_of(
+    st.none(), st.integers(), st.text(), st.binary(), st.lists(st.text(), max_size=2)
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    payload=_PAYLOADS,
+    signed=st.booleans(),
+    raw_token=st.none() | st.text(),
+    akid=_VALUES,
+    secret=_VALUES,
+)
+def test_restore_raises_nothing_but_invalid_input(
+    payload: object, signed: bool, raw_token: str | None, akid: object, secret: object
+) -> None:
+    """Whatever the wire values (forged bodies, authentic bodies of any shape,
+    arbitrary strings and types), restore answers credentials or InvalidInput."""
+    minter = LocalCredentialMinter(b"k" * 32, clock=ManualClock())
+    body = _body(payload)
+    token = raw_token
+    if token is None:
+        mac = minter._token_mac(body) if signed else _body("not the mac")
+        token = f"tl1.{body}.{mac}"
+    values = {"access_key_id": akid, "secret_access_key": secret, "session_token": token}
+    try:
+        restored = minter.restore(values)  # type: ignore[arg-type]
+    except InvalidInput:
+        return
+    # Accepted: only with this minter's MAC and the secret of its access key.
+    assert signed and raw_token is None
+    assert restored.secret_access_key == minter._secret_for(restored.access_key_id)

@@ -191,6 +191,28 @@ async def test_timed_out_attempt_is_failed_retried_then_terminal(
     assert "timeout: attempt ran longer than 60 s" in entry["message"]
 
 
+@pytest.mark.parametrize("rule", ["attempt timeout", "lease expiry"])
+async def test_the_reapers_timeout_mark_keeps_the_late_reply(
+    setup: Setup, clock: ManualClock, rule: str
+) -> None:
+    """interface-contracts.md: after the reaper marked the attempt timed out,
+    its late reply is accepted while no newer attempt started (issue 14, §4)."""
+    task = await setup.task_of("slow")
+    lease = await setup.claim(task, "slow")
+    if rule == "attempt timeout":
+        for _ in range(6):
+            clock.advance(10)
+            await setup.heartbeat(lease, "slow")
+        clock.advance(1)
+    else:
+        clock.advance(21)
+    report = await setup.reaper.run_once()
+    assert (report.timed_out, report.expired) == ((1, 0) if rule == "attempt timeout" else (0, 1))
+    assert (await setup.row(task)).status == "Failed"
+    await setup.tasks.complete(lease.fence)
+    assert (await setup.row(task)).status == "Completed"
+
+
 async def test_jobs_without_timeout_run_as_long_as_they_heartbeat(
     setup: Setup, clock: ManualClock
 ) -> None:

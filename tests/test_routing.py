@@ -259,7 +259,7 @@ async def test_stale_attempt_is_rejected_and_changes_nothing(
 async def test_late_reply_of_current_attempt_is_accepted(world: World) -> None:
     """A timed-out attempt may still report while no newer attempt started."""
     assert world.fence is not None
-    await world.tasks.fail(world.fence, "lease expired")
+    await world.tasks.fail(world.fence, "timeout: ran too long", timed_out=True)
     ids = await world.emit([world.partition("blocks", 0, 9)])
     assert len(ids) == 1
 

@@ -81,11 +81,13 @@ BACKOFF = Backoff(base_seconds=1.0, factor=2.0, cap_seconds=4.0, jitter=0.0)
 """Deterministic: retry ``n`` waits ``min(4, 2**(n-1))`` seconds."""
 TERMINAL = TASK_LIFECYCLE.terminal
 """Completed and Canceled. A dead-lettered task (Failed without a retry time)
-is not terminal in the lifecycle table: it still accepts the late reply of its
-last attempt (Failed -> Completed). Cancellation only takes unfinished tasks,
-so it leaves a dead-lettered one (and its error) alone."""
+is not terminal in the lifecycle table: when the reaper dead-lettered it (the
+timeout mark), it still accepts the late reply of its last attempt (Failed ->
+Completed). Cancellation only takes unfinished tasks, so it leaves a
+dead-lettered one (and its error) alone."""
 COMPLETE_SOURCES = TASK_LIFECYCLE.sources_of("Completed")
-"""Running, and the late-reply edges from Failed and Queued."""
+"""Running, and the late-reply edges from Failed and Queued (only with the
+timeout mark: an attempt that ended by its own failure report is over)."""
 
 FENCE_SHAPES = st.sampled_from(
     [
@@ -180,6 +182,8 @@ class ModelTask:
     token: uuid.UUID | None = None
     worker: str | None = None
     expires_at: datetime | None = None
+    """The lease expiry while Running; kept as the timeout mark when the
+    reaper failed the attempt (until the next claim), else ``None``."""
     retry_at: datetime | None = None
     """Set while Failed and waiting for a retry; ``None`` once dead-lettered."""
 
@@ -190,6 +194,13 @@ class ModelTask:
             fence.lease_token == self.token
             and fence.attempt == self.attempt
             and (fence.claim_version is None or fence.claim_version == self.claim_version)
+        )
+
+    def may_finish(self) -> bool:
+        """Whether the current attempt may still complete: it runs, or the
+        reaper marked it timed out and no newer attempt started."""
+        return self.status == "Running" or (
+            self.status in COMPLETE_SOURCES and self.expires_at is not None
         )
 
     def refusal(self) -> NotClaimedReason:
@@ -409,11 +420,13 @@ class LeaseMachine(RuleBasedStateMachine):
             expected = StaleClaim
         elif m.status not in COMPLETE_SOURCES:
             expected = InvalidTransition
+        elif not m.may_finish():
+            expected = StaleClaim  # ended by its own failure report: over
         late = m.status != "Running"
         ok, _ = self._refused(expected, lambda: self.call(self.queue.complete, fence))
         if ok:
-            # A late reply (after the timeout mark or the worker's own failure)
-            # is accepted only here: no newer attempt was claimed.
+            # A late reply (after the timeout mark) is accepted only here: no
+            # newer attempt was claimed.
             self.env.stats["late reply accepted" if late else "completed"] += 1
             self._set_status(m, "Completed")
             m.expires_at = None
@@ -422,20 +435,19 @@ class LeaseMachine(RuleBasedStateMachine):
             self.env.stats["late reply refused (newer attempt)"] += 1
 
     @precondition(lambda self: bool(self.granted))
-    @rule(data=st.data(), size=st.integers(1, 3))
-    def complete_many(self, data: st.DataObject, size: int) -> None:
-        leases = [self._held(data) for _ in range(size)]
-        # The batch is fenced by (id, lease token, attempt) and the source status.
+    @rule(data=st.data(), shapes=st.lists(FENCE_SHAPES, min_size=1, max_size=3))
+    def complete_many(self, data: st.DataObject, shapes: list[str]) -> None:
+        fences = [self._fence(self._held(data, shape), shape) for shape in shapes]
+        # The batch is fenced like a single write: (id, attempt, lease token,
+        # claim_version when presented) and the source status with its mark.
         expected = {
-            lease.item_id
-            for lease in leases
-            if self.tasks[lease.item_id].is_current(
-                dataclasses.replace(lease.fence, claim_version=None)
-            )
-            and self.tasks[lease.item_id].status in COMPLETE_SOURCES
+            fence.item_id
+            for fence in fences
+            if self.tasks[fence.item_id].is_current(fence)
+            and self.tasks[fence.item_id].may_finish()
         }
         before = self.snapshot()
-        done = self.call(self.queue.complete_many, [lease.fence for lease in leases])
+        done = self.call(self.queue.complete_many, fences)
         assert done == expected
         if not done:
             assert self.snapshot() == before
@@ -472,9 +484,10 @@ class LeaseMachine(RuleBasedStateMachine):
             assert (outcome.status, outcome.retrying) == ("Failed", retrying)
             self._to_failed(m, retrying)
 
-    def _to_failed(self, m: ModelTask, retrying: bool) -> None:
+    def _to_failed(self, m: ModelTask, retrying: bool, *, timed_out: bool = False) -> None:
         self._set_status(m, "Failed")
-        m.expires_at = None
+        if not timed_out:
+            m.expires_at = None  # the holder's own report ends the attempt
         m.retry_at = self.now() + BACKOFF.delay(m.attempt) if retrying else None
         self.env.stats["failed, retrying" if retrying else "dead-lettered"] += 1
 
@@ -498,7 +511,7 @@ class LeaseMachine(RuleBasedStateMachine):
         assert set(report.retried) == retried
         assert set(report.dead_lettered) == {m.id for m in expired} - retried
         for m in expired:
-            self._to_failed(m, m.id in retried)
+            self._to_failed(m, m.id in retried, timed_out=True)
         self.env.stats["reclaimed"] += len(expired)
 
     @rule(wait_out_backoff=st.booleans())
@@ -577,10 +590,9 @@ class LeaseMachine(RuleBasedStateMachine):
                 m.claim_version,
                 m.token,
             ), (row, m)
+            assert row.lease_expires_at == m.expires_at, (row, m)
             if row.status == "Running":
-                assert (row.lease_expires_at, row.worker_id) == (m.expires_at, m.worker)
-            else:
-                assert row.lease_expires_at is None
+                assert row.worker_id == m.worker
             if row.status == "Failed":
                 assert row.next_retry_at == m.retry_at
             if row.status == "Queued":

@@ -264,10 +264,17 @@ class LeaseQueue:
         *,
         retry_class: RetryClass = RetryClass.RETRYABLE,
         tx: Transaction | None = None,
+        timed_out: bool = False,
     ) -> FailOutcome:
         """Fenced failure: retry with backoff while the row's attempts remain,
-        else dead-letter. ``RetryClass.FATAL`` dead-letters at once."""
-        outcome = await self._fail(fence, error, retry_class, tx=tx, expired_before=None)
+        else dead-letter. ``RetryClass.FATAL`` dead-letters at once.
+
+        ``timed_out``: the system fails an attempt that ran too long (not the
+        holder reporting its own failure), which keeps a task's late reply
+        acceptable (see :meth:`Transaction.fail`)."""
+        outcome = await self._fail(
+            fence, error, retry_class, tx=tx, expired_before=None, timed_out=timed_out
+        )
         assert outcome is not None
         return outcome
 
@@ -279,6 +286,7 @@ class LeaseQueue:
         *,
         tx: Transaction | None,
         expired_before: datetime | None,
+        timed_out: bool = False,
     ) -> FailOutcome | None:
         now = self.clock.now()
         # The row's own max_attempts decides in SQL whether a retry remains;
@@ -302,6 +310,7 @@ class LeaseQueue:
                 retry_at=decision.retry_at,
                 error=error,
                 expired_before=expired_before,
+                timed_out=timed_out,
             )
             if result is None:
                 if expired_before is not None:

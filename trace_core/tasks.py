@@ -134,9 +134,16 @@ class TaskQueue:
         *,
         retry_class: RetryClass = RetryClass.RETRYABLE,
         tx: Transaction | None = None,
+        timed_out: bool = False,
     ) -> FailOutcome:
-        """Fail the current attempt: ``Failed`` with a retry time, or terminally."""
-        return await self.leases.fail(fence, error, retry_class=retry_class, tx=tx)
+        """Fail the current attempt: ``Failed`` with a retry time, or terminally.
+
+        ``timed_out`` marks a failure the system decided (the attempt ran too
+        long): the attempt's late reply stays acceptable until a newer
+        attempt starts; a failure the holder reports ends the attempt."""
+        return await self.leases.fail(
+            fence, error, retry_class=retry_class, tx=tx, timed_out=timed_out
+        )
 
     async def cancel(self, task_ids: Sequence[uuid.UUID], reason: str = "canceled") -> set[Any]:
         """Cancel unfinished tasks; their current holders become stale."""

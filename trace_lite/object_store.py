@@ -9,24 +9,140 @@ fail. Keys are validated by the same canonical rules (no ``..``, no empty
 segments, no encodings), so a key can never name a file outside the root.
 Writes are atomic (a temporary file renamed into place): a half-written
 object is never visible.
+
+Keys map to files one to one (:func:`key_path`): an ordinary key is its own
+path (``root/bucket/a/b.parquet``, which Spark and the query service read
+directly), and only what a file name cannot say literally is escaped with
+``%`` — a character no canonical key contains, so the escapes never clash
+with a real key:
+
+* a key ending in ``/`` (a folder marker, distinct from the key without it)
+  is the file ``%`` in that folder;
+* a segment starting with ``.`` (``.`` itself, or a name that would be
+  hidden like a write in progress) is stored as ``%.…``;
+* a segment longer than a file name may be (255 bytes) is cut into pieces
+  of at most 200 bytes: ``%+piece/`` folders, then the rest.
+
+Listing decodes the paths back to the keys (in S3 order, by UTF-8 bytes).
+What one file system cannot hold at once, an object ``a`` next to objects
+under ``a/``, is refused with :class:`KeyConflict`; a missing object is
+:class:`NoSuchKey`. Neither is a raw OS error.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
-from trace_core.errors import TraceError
+from trace_core.errors import InvalidInput, TraceError
 from trace_core.security.minting import LocalCredentialMinter, MintedCredentials, StoreAction
 from trace_core.security.scopes import parse_object_uri
 
-__all__ = ["AccessDenied", "LocalObjectStore", "ScopedObjectStore"]
+__all__ = [
+    "AccessDenied",
+    "KeyConflict",
+    "LocalObjectStore",
+    "NoSuchKey",
+    "ScopedObjectStore",
+    "key_of_path",
+    "key_path",
+]
+
+MAX_KEY_BYTES = 1024
+"""S3's limit on a key (UTF-8)."""
+_NAME_MAX = 255  # bytes of one file name (Linux, macOS)
+_PIECE = 200  # bytes of one piece of a segment too long for a file name
+_ESCAPE = "%"
+_MARKER = "%"  # the file of a key ending in '/'
+_PIECE_MARK = "%+"
 
 
 class AccessDenied(TraceError, PermissionError):
     """The credentials do not allow this action on this key (deny by default)."""
+
+
+class NoSuchKey(TraceError, FileNotFoundError):
+    """No object is stored under this key."""
+
+
+class KeyConflict(InvalidInput):
+    """The key cannot be stored next to objects already there: an object ``a``
+    and objects under ``a/`` exclude each other in a file system."""
+
+
+def _utf8(text: str) -> int:
+    return len(text.encode("utf-8"))
+
+
+def _name(segment: str) -> str:
+    """The file name of a short segment: itself, or escaped (see the module doc)."""
+    if not segment:
+        return _MARKER
+    if segment.startswith("."):
+        return _ESCAPE + segment
+    return segment
+
+
+def _pieces(segment: str) -> list[str]:
+    """The path components of one key segment (``%+`` pieces, then its name)."""
+    parts: list[str] = []
+    while _utf8(_name(segment)) > _NAME_MAX:
+        size, cut = 0, 0
+        for char in segment:  # cut at a character boundary, at most _PIECE bytes
+            width = _utf8(char)
+            if size + width > _PIECE:
+                break
+            size, cut = size + width, cut + 1
+        parts.append(_PIECE_MARK + segment[:cut])
+        segment = segment[cut:]
+    parts.append(_name(segment))
+    return parts
+
+
+def key_path(key: str) -> list[str]:
+    """The path components of the file of ``key`` (one to one; see the module doc).
+
+    Raises :class:`InvalidInput` (field ``key``) for a key S3 would refuse:
+    empty, or over 1024 bytes.
+    """
+    if not key or _utf8(key) > MAX_KEY_BYTES:
+        raise InvalidInput("key", f"must be 1..{MAX_KEY_BYTES} bytes of UTF-8")
+    return [part for segment in key.split("/") for part in _pieces(segment)]
+
+
+def key_of_path(parts: list[str]) -> str | None:
+    """The key whose file is at ``parts`` (relative to the bucket), or ``None``
+    for a file the store did not write under that name (a write in progress,
+    a stray file)."""
+    segments: list[str] = []
+    pending = ""
+    for part in parts:
+        if part.startswith("."):
+            return None  # a write in progress (a put's temporary file, Spark staging)
+        if part.startswith(_PIECE_MARK):
+            pending += part[len(_PIECE_MARK) :]
+            continue
+        if part == _MARKER:
+            segment = ""
+        elif part.startswith(_ESCAPE + "."):
+            segment = part[1:]
+        elif _ESCAPE in part:
+            return None
+        else:
+            segment = part
+        segments.append(pending + segment)
+        pending = ""
+    if pending or not segments:
+        return None
+    key = "/".join(segments)
+    try:
+        # Only the one canonical spelling of a key is that key's file.
+        return key if key_path(key) == parts else None
+    except InvalidInput:
+        return None
 
 
 class LocalObjectStore:
@@ -47,10 +163,10 @@ class LocalObjectStore:
         return ScopedObjectStore(self, self.minter.restore(values))
 
     def _path(self, uri: str) -> Path:
-        # parse_object_uri refuses traversal, encodings and empty segments, so
-        # the joined path stays under root.
+        # parse_object_uri refuses traversal, encodings and empty segments, and
+        # key_path escapes '.' names, so the joined path stays under root.
         bucket, key = parse_object_uri(uri, field="key", allow_empty=False)
-        return self.root / bucket / key
+        return self.root.joinpath(bucket, *key_path(key))
 
 
 class ScopedObjectStore:
@@ -61,21 +177,37 @@ class ScopedObjectStore:
         self._credentials = credentials
 
     def get(self, uri: str) -> bytes:
-        """The object at ``uri``; :class:`AccessDenied` outside the read prefixes."""
+        """The object at ``uri``; :class:`AccessDenied` outside the read prefixes,
+        :class:`NoSuchKey` if there is none."""
         self._require("read", uri)
-        return self._store._path(uri).read_bytes()
+        try:
+            return self._store._path(uri).read_bytes()
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            raise NoSuchKey(f"no object {uri!r}") from None
 
     def put(self, uri: str, data: bytes) -> None:
         """Write the object at ``uri`` atomically; :class:`AccessDenied` outside
-        the write prefixes."""
+        the write prefixes, :class:`KeyConflict` where an object ``a`` and
+        objects under ``a/`` would meet."""
         self._require("write", uri)
         path = self._store._path(uri)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except (FileExistsError, NotADirectoryError):
+            raise KeyConflict("key", f"{uri!r}: a shorter key is an object here") from None
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".put-")
         try:
             with os.fdopen(fd, "wb") as fh:
                 fh.write(data)
             os.replace(tmp, path)
+        except (IsADirectoryError, NotADirectoryError):
+            Path(tmp).unlink(missing_ok=True)
+            raise KeyConflict("key", f"{uri!r}: other objects are stored under it") from None
+        except OSError as exc:
+            Path(tmp).unlink(missing_ok=True)
+            if exc.errno in (errno.EISDIR, errno.ENOTEMPTY, errno.EEXIST):
+                raise KeyConflict("key", f"{uri!r}: other objects are stored under it") from None
+            raise
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
@@ -97,14 +229,15 @@ class ScopedObjectStore:
             return []
         found = []
         for path in base.rglob("*"):
-            relative = path.relative_to(base)
+            if not path.is_file():
+                continue
             # Dot-names are writes in progress (a put's temporary file, a
             # Spark staging directory): never visible as objects.
-            if path.is_file() and not any(part.startswith(".") for part in relative.parts):
-                key = relative.as_posix()
-                if key.startswith(key_prefix):
-                    found.append(f"s3://{bucket}/{key}")
-        return sorted(found)
+            key = key_of_path(list(path.relative_to(base).parts))
+            if key is not None and key.startswith(key_prefix):
+                found.append(key)
+        # S3 lists in UTF-8 byte order, which is code point order.
+        return [f"s3://{bucket}/{key}" for key in sorted(found)]
 
     def _require(self, action: StoreAction, uri: str) -> None:
         if not self._store.minter.check(self._credentials, action, uri):

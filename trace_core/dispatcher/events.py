@@ -10,10 +10,12 @@ and writes one ``route_event`` outbox row for the new ones, all in the
 caller's transaction. Routing happens after commit, from the outbox, so a
 crash between the two loses nothing.
 
-Events from a task are fenced: only the task's current attempt may emit, and
-only for datasets its job produces. A late reply of the current attempt is
-accepted after a timeout mark as long as no newer attempt has been claimed
-(interface-contracts.md); a stale attempt changes nothing.
+Events from a task are fenced: only the task's current attempt may emit,
+while it runs, and only for datasets its job produces. A late reply of the
+current attempt is accepted after a timeout mark as long as no newer attempt
+has been claimed (interface-contracts.md); an attempt that ended otherwise
+(completed, failed by its own report, canceled, dead-lettered by an
+operator) and a stale attempt are refused and change nothing.
 """
 
 from __future__ import annotations
@@ -31,13 +33,15 @@ from trace_core.authoring.events import AcceptResult, DatasetEvent
 from trace_core.clock import Clock, SystemClock
 from trace_core.dispatcher.coverage import record_coverage
 from trace_core.dispatcher.redeliveries import count_redeliveries, deferred_payload
-from trace_core.errors import InvalidInput, StaleClaim
+from trace_core.errors import InvalidInput, InvalidTransition, StaleClaim
+from trace_core.model import TASKS
 from trace_core.outbox import write_outbox
 from trace_core.storage import schema
 from trace_core.storage.bulk import bulk_insert, id_block, records_param
 from trace_core.storage.protocol import NewOutboxRow, Repository, Transaction, within
 from trace_core.storage.sql import SqlTransaction, as_sql
 from trace_core.storage.sql_errors import translate_errors
+from trace_core.storage.sql_leasing import reply_accepted
 
 __all__ = ["ROUTE_EVENT", "EventGateway", "Producer"]
 
@@ -72,7 +76,9 @@ class EventGateway:
         """Store ``events`` and schedule their routing, in one transaction.
 
         ``producer=None`` is a manual event (the trigger API). Raises
-        :class:`~trace_core.errors.StaleClaim` for a stale producer attempt and
+        :class:`~trace_core.errors.StaleClaim` for a stale producer attempt or
+        one that has ended (:class:`~trace_core.errors.InvalidTransition` if it
+        completed, as a repeated completion is answered), and
         :class:`~trace_core.errors.InvalidInput` for an event naming an unknown
         dataset version or a dataset the producer's job does not produce.
         """
@@ -113,8 +119,10 @@ async def _check_producer(
     conn: AsyncConnection, producer: Producer, events: Sequence[DatasetEvent]
 ) -> None:
     t, j = schema.tasks, schema.jobs
+    # The same status test as a fenced completion (one rule for every reply).
+    replying = reply_accepted(TASKS).label("replying")
     stmt = (
-        sa.select(t.c.status, t.c.attempt, j.c.output_datasets)
+        sa.select(t.c.status, t.c.attempt, replying, j.c.output_datasets)
         .join(j, j.c.id == t.c.job_id)
         .where(t.c.id == producer.task_id)
     )
@@ -125,12 +133,20 @@ async def _check_producer(
     row = (await conn.execute(stmt)).one_or_none()
     if row is None:
         raise StaleClaim("tasks", producer.task_id, "no such task")
-    status, attempt, outputs = row
-    if attempt != producer.attempt or status == "Canceled":
+    status, attempt, replying, outputs = row
+    if attempt != producer.attempt:
         raise StaleClaim(
             "tasks",
             producer.task_id,
             f"attempt {producer.attempt} is not current (attempt {attempt}, {status})",
+        )
+    if status == TASKS.done:
+        # Answered as the completion itself answers a repeated report, so a
+        # repeated completion with final events is recognized as a duplicate.
+        raise InvalidTransition(TASKS.lifecycle.name, status, TASKS.done, producer.task_id)
+    if not replying:
+        raise StaleClaim(
+            "tasks", producer.task_id, f"attempt {attempt} has ended ({status}): it emits nothing"
         )
     produced = {str(o) for o in outputs or ()}
     for i, event in enumerate(events):

@@ -175,7 +175,7 @@ class Reaper(PeriodicService):
             reason = f"timeout: attempt ran longer than {timeout} s"
             try:
                 async with self.repo.transaction() as t:
-                    outcome = await self.tasks.fail(fence, reason, tx=t)
+                    outcome = await self.tasks.fail(fence, reason, tx=t, timed_out=True)
                     if not outcome.retrying:
                         await _journal_dead(as_sql(t).connection, job_id, fence, reason, now)
             except (StaleClaim, InvalidTransition):

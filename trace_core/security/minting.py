@@ -217,33 +217,51 @@ class LocalCredentialMinter:
         (``access_key_id``, ``secret_access_key``, ``session_token``,
         ``expiration`` as a ``/v1/task/credentials`` answer has them).
 
-        The scope is read from the authenticated session token; forged,
-        tampered or expired values raise :class:`InvalidInput` naming
-        ``credentials`` (never quoting a secret).
+        The session token's MAC is verified (in constant time) before
+        anything of its body is parsed: the body of a forged token is never
+        read, so no crafted value (a huge number, a deeply nested document)
+        can reach the parser. The scope is then read from the authenticated
+        body. Forged, tampered, malformed or expired values raise
+        :class:`InvalidInput` naming the field (never quoting a secret), and
+        nothing else.
         """
-        try:
-            akid, secret, token = (
-                values["access_key_id"],
-                values["secret_access_key"],
-                values["session_token"],
-            )
-        except (KeyError, TypeError):
-            raise InvalidInput(
-                "credentials", "need access_key_id, secret_access_key, session_token"
-            ) from None
-        parts = str(token).split(".")
-        if len(parts) != 3 or not parts[1].isascii():
-            raise InvalidInput("credentials", "not credentials of this minter")
-        try:
-            payload = json.loads(_unb64(parts[1]))
-            scope = Scope.from_dict(payload["scope"])
-            expiration = datetime.fromtimestamp(int(payload["exp"]), UTC)
-        except (ValueError, KeyError, TypeError, InvalidScope):
-            raise InvalidInput("credentials", "not credentials of this minter") from None
-        restored = MintedCredentials(str(akid), str(secret), str(token), expiration, scope)
+        if not isinstance(values, Mapping):
+            raise InvalidInput("credentials", "must be an object")
+        wire: dict[str, str] = {}
+        for name in ("access_key_id", "secret_access_key", "session_token"):
+            value = values.get(name)
+            if not isinstance(value, str) or not value:
+                raise InvalidInput(f"credentials.{name}", "is required (a non-empty string)")
+            wire[name] = value
+        token = wire["session_token"]
+        body = self._authentic_body(token)
+        if body is None:
+            raise InvalidInput("credentials.session_token", "forged or tampered with")
+        # Authentic from here on; parsed strictly all the same.
+        _, expires, scope = _token_claims(body)
+        restored = MintedCredentials(
+            wire["access_key_id"],
+            wire["secret_access_key"],
+            token,
+            datetime.fromtimestamp(expires, UTC),
+            scope,
+        )
         if self._verified_scope(restored) is None:
             raise InvalidInput("credentials", "forged, tampered with or expired")
         return restored
+
+    def _authentic_body(self, token: str) -> str | None:
+        """The body of ``token`` if its MAC is this minter's (constant-time
+        comparison); ``None`` for anything else. Nothing is parsed before."""
+        parts = token.split(".")
+        if len(parts) != 3 or parts[0] != _TOKEN_VERSION:
+            return None
+        _, body, mac = parts
+        if not body.isascii():
+            return None
+        if not hmac.compare_digest(self._token_mac(body).encode(), _raw(mac)):
+            return None
+        return body
 
     def _token_mac(self, body: str) -> str:
         return _b64(hmac.digest(self._token_key, body.encode("ascii"), hashlib.sha256))
@@ -253,22 +271,21 @@ class LocalCredentialMinter:
 
     def _verified_scope(self, credentials: object) -> Scope | None:
         """The token's scope if the credentials are genuine, consistent and unexpired."""
-        if not isinstance(credentials, MintedCredentials):
+        if not isinstance(credentials, MintedCredentials) or not all(
+            isinstance(v, str)
+            for v in (
+                credentials.session_token,
+                credentials.access_key_id,
+                credentials.secret_access_key,
+            )
+        ):
             return None
-        parts = credentials.session_token.split(".")
-        if len(parts) != 3 or parts[0] != _TOKEN_VERSION:
+        body = self._authentic_body(credentials.session_token)
+        if body is None:
             return None
-        _, body, mac = parts
-        if not body.isascii():
-            return None
-        if not hmac.compare_digest(self._token_mac(body).encode(), _raw(mac)):
-            return None
-        # Authentic from here on: the payload was written by this minter.
         try:
-            payload = json.loads(_unb64(body))
-            scope = Scope.from_dict(payload["scope"])
-            access_key_id, expires = str(payload["akid"]), int(payload["exp"])
-        except (ValueError, KeyError, TypeError):
+            access_key_id, expires, scope = _token_claims(body)
+        except InvalidInput:
             return None
         secret = self._secret_for(access_key_id).encode()
         if not (
@@ -283,3 +300,34 @@ class LocalCredentialMinter:
         if credentials.scope != scope:
             return None
         return scope
+
+
+_MAX_EXPIRY = int(datetime(9999, 12, 31, tzinfo=UTC).timestamp())
+
+
+def _token_claims(body: str) -> tuple[str, int, Scope]:
+    """``(akid, exp, scope)`` of an authenticated token body, parsed strictly.
+
+    Only ever called on a body whose MAC verified; a body this minter did not
+    write in this shape (an old version, a changed key schedule) is still
+    refused as :class:`InvalidInput`, never an arbitrary exception.
+    """
+    field = "credentials.session_token"
+    try:
+        payload = json.loads(_unb64(body))
+    except (ValueError, RecursionError):
+        raise InvalidInput(field, "is not a session token body") from None
+    if not isinstance(payload, dict):
+        raise InvalidInput(field, "is not a session token body")
+    akid, expires = payload.get("akid"), payload.get("exp")
+    if not isinstance(akid, str) or not akid:
+        raise InvalidInput(f"{field}.akid", "must be a non-empty string")
+    if isinstance(expires, bool) or not isinstance(expires, int):
+        raise InvalidInput(f"{field}.exp", "must be an integer")
+    if not 0 <= expires <= _MAX_EXPIRY:
+        raise InvalidInput(f"{field}.exp", "is out of range")
+    try:
+        scope = Scope.from_dict(payload.get("scope"))
+    except (InvalidScope, ValueError, KeyError, TypeError):
+        raise InvalidInput(f"{field}.scope", "is not a scope") from None
+    return akid, expires, scope

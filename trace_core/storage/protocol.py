@@ -172,12 +172,17 @@ class Transaction(Protocol):
         retry_at: datetime | None,
         error: str,
         expired_before: datetime | None = None,
+        timed_out: bool = False,
     ) -> tuple[str, bool] | None:
         """Fenced failure of a leased item: retry (while budget remains) or dead-letter.
 
         Returns the new status and whether a retry is scheduled, or ``None`` if
         stale. With ``expired_before`` it
         only matches a lease that expired before then (the reclaim path).
+        With ``expired_before`` or ``timed_out`` (an attempt that ran too
+        long) the failure is a timeout: queues whose expiry bumps
+        ``claim_version`` fence the holder out; tasks keep the timeout mark
+        that lets the attempt's late reply in (interface-contracts.md).
         """
         ...
 

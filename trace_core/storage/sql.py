@@ -30,7 +30,12 @@ from trace_core.storage.protocol import (
     Transaction,
 )
 from trace_core.storage.sql_errors import translate_errors
-from trace_core.storage.sql_leasing import LeaseStatements, status_in
+from trace_core.storage.sql_leasing import (
+    LeaseStatements,
+    fence_storable,
+    finishable,
+    status_in,
+)
 from trace_core.storage.url import DatabaseURL, parse_database_url
 from trace_core.wakeup import Subscription, WakeupHub
 
@@ -168,21 +173,13 @@ class SqlTransaction:
             rows = await self._fetch(self._stmts.inspect(queue), {"item_id": item_id})
         return ItemState(*rows[0]) if rows else None
 
-    def _fence_params(self, fence: Fence) -> dict[str, Any]:
-        params: dict[str, Any] = {
-            "item_id": fence.item_id,
-            "f_attempt": fence.attempt,
-            "f_lease_token": fence.lease_token,
-        }
-        if fence.claim_version is not None:
-            params["f_claim_version"] = fence.claim_version
-        return params
-
     async def heartbeat(
         self, queue: QueueSpec, fence: Fence, *, now: datetime, expires_at: datetime
     ) -> datetime | None:
-        stmt = self._stmts.heartbeat(queue, fence.claim_version is not None)
-        params = self._fence_params(fence) | {"now": now, "expires_at": expires_at}
+        if not fence_storable(fence):
+            return None  # no row holds such a fence: stale
+        stmt = self._stmts.heartbeat(queue)
+        params = self._stmts.fence_params(fence) | {"now": now, "expires_at": expires_at}
         with translate_errors(f"heartbeat {queue.name}"):
             rows = await self._fetch(stmt, params)
         value: datetime | None = rows[0][0] if rows else None
@@ -198,10 +195,15 @@ class SqlTransaction:
         now: datetime,
         values: Mapping[str, Any] | None = None,
     ) -> bool:
+        if not fence_storable(fence):
+            return False  # no row holds such a fence: stale
         qt = self._stmts.table(queue)
         c = qt.c
         new: dict[Any, Any] = {c.status: target}
+        status = status_in(c.status, sources)
         if target == queue.done:
+            # A late reply finishes only an attempt marked timed out.
+            status = finishable(qt, queue, sources)
             new[qt.finished_at] = now
             new[c.lease_expires_at] = None
             if qt.retry_at.nullable:
@@ -218,16 +220,9 @@ class SqlTransaction:
             column = roles[key] if key in roles else c[key]
             if column is not None:  # ready_at of a queue without an availability gate
                 new[column] = value
-        stmt = (
-            sa.update(qt.table)
-            .where(
-                *self._stmts.fence(qt, fence.claim_version is not None),
-                status_in(c.status, sources),
-            )
-            .values(new)
-        )
+        stmt = sa.update(qt.table).where(*self._stmts.fence(qt), status).values(new)
         with translate_errors(f"{queue.name} -> {target}"):
-            result = await self._execute(stmt, self._fence_params(fence))
+            result = await self._execute(stmt, self._stmts.fence_params(fence))
         return bool(result.rowcount)
 
     async def complete_many(
@@ -256,7 +251,10 @@ class SqlTransaction:
         retry_at: datetime | None,
         error: str,
         expired_before: datetime | None = None,
+        timed_out: bool = False,
     ) -> tuple[str, bool] | None:
+        if not fence_storable(fence):
+            return None  # no row holds such a fence: stale
         qt = self._stmts.table(queue)
         c = qt.c
         dead_retry_at = None if qt.retry_at.nullable else qt.retry_at
@@ -274,15 +272,19 @@ class SqlTransaction:
             values[c.status] = queue.dead
             values[qt.retry_at] = dead_retry_at
             values[qt.finished_at] = now
-        where = [*self._stmts.fence(qt, fence.claim_version is not None)]
-        where.append(status_in(c.status, queue.leased))
+        where = [*self._stmts.fence(qt), status_in(c.status, queue.leased)]
         if expired_before is not None:
             where.append(c.lease_expires_at < expired_before)
+        if expired_before is not None or timed_out:
             if queue.expiry_bumps_claim_version:
                 values[c.claim_version] = c.claim_version + 1
+            else:
+                # The timeout mark: the lease expiry stays, and with it the
+                # holder's right to a late reply (LeaseStatements.finishable).
+                del values[c.lease_expires_at]
         stmt = sa.update(qt.table).where(*where).values(values).returning(c.status, retrying)
         with translate_errors(f"fail {queue.name}"):
-            row = (await self._execute(stmt, self._fence_params(fence))).first()
+            row = (await self._execute(stmt, self._stmts.fence_params(fence))).first()
         return None if row is None else (row[0], bool(row[1]))
 
     async def expired(self, queue: QueueSpec, *, now: datetime, limit: int) -> list[Fence]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import json
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -23,7 +23,13 @@ from sqlalchemy.dialects import postgresql
 from trace_core.model import Fence, ItemId, QueueSpec
 from trace_core.storage.queue_tables import QUEUE_TABLES, QueueTable
 
-__all__ = ["LeaseStatements", "status_in"]
+__all__ = [
+    "LeaseStatements",
+    "fence_storable",
+    "finishable",
+    "reply_accepted",
+    "status_in",
+]
 
 
 def _status(value: str) -> sa.ColumnElement[str]:
@@ -48,6 +54,39 @@ def _random_token(engine_name: str) -> sa.ColumnElement[Any]:
         return sa.func.gen_random_uuid()
     # A Uuid column is 32 hex characters on SQLite.
     return sa.func.lower(sa.func.hex(sa.func.randomblob(16)))
+
+
+def finishable(
+    qt: QueueTable, queue: QueueSpec, sources: Collection[str]
+) -> sa.ColumnElement[bool]:
+    """The status test of a fenced completion from ``sources``: a leased
+    status, or a late-reply status (tasks' ``Failed``/``Queued``) only
+    while the row carries the timeout mark.
+
+    interface-contracts.md "Worker → Dispatcher": a late reply of the
+    current attempt is accepted after the task was *marked timed out*,
+    as long as no newer attempt started; an attempt that ended otherwise
+    (its own failure report, cancellation, a forced dead letter) is over.
+    The timeout mark is the lease expiry the timeout left in place
+    (:meth:`~trace_core.storage.sql.SqlTransaction.fail` with
+    ``timed_out``); every other end of an attempt clears it, and the next
+    claim replaces it.
+    """
+    c = qt.c
+    live = set(sources) & queue.leased
+    late = set(sources) - queue.leased
+    tests = [status_in(c.status, live)] if live else []
+    if late:
+        tests.append(sa.and_(status_in(c.status, late), c.lease_expires_at.is_not(None)))
+    if not tests:
+        raise ValueError(f"{queue.name}: no source status to finish from")
+    return tests[0] if len(tests) == 1 else sa.or_(*tests)
+
+
+def reply_accepted(queue: QueueSpec) -> sa.ColumnElement[bool]:
+    """Whether the row's current attempt may still report (heartbeat aside):
+    :func:`finishable` from every status that can reach the done status."""
+    return finishable(QUEUE_TABLES[queue.name], queue, queue.lifecycle.sources_of(queue.done))
 
 
 class LeaseStatements:
@@ -142,26 +181,65 @@ class LeaseStatements:
             qt.error,
         ).where(c.id == sa.bindparam("item_id"))
 
-    def fence(self, qt: QueueTable, with_claim_version: bool) -> list[sa.ColumnElement[bool]]:
-        """The ``WHERE`` of a fenced write: item, attempt, token (and claim_version)."""
+    def fence_where(
+        self,
+        qt: QueueTable,
+        *,
+        same_item: sa.ColumnElement[bool],
+        attempt: sa.ColumnElement[Any],
+        lease_token: sa.ColumnElement[Any],
+        claim_version: sa.ColumnElement[Any],
+        token_as_text: bool = False,
+    ) -> list[sa.ColumnElement[bool]]:
+        """The ``WHERE`` of every fenced write, single or batch: the item, its
+        attempt, its lease token and its claim_version (euterpe-contract.md §4).
+
+        The presented values are expressions: bind parameters for one fence
+        (:meth:`fence`), the columns of the joined fence list for a batch
+        (:meth:`complete_many`). A ``NULL`` claim_version means the caller does
+        not know it (an HTTP task caller presents attempt + lease token, which
+        is as strong: the token is fresh random per claim); any other value
+        must equal the row's. One shape for both cases keeps one statement
+        text per write, prepared once.
+        """
         c = qt.c
-        cond = [
-            c.id == sa.bindparam("item_id"),
-            qt.attempt == sa.bindparam("f_attempt"),
-            c.lease_token == sa.bindparam("f_lease_token", type_=c.lease_token.type),
+        token = sa.type_coerce(c.lease_token, sa.Text()) if token_as_text else c.lease_token
+        return [
+            same_item,
+            qt.attempt == attempt,
+            token == lease_token,
+            c.claim_version == sa.func.coalesce(claim_version, c.claim_version),
         ]
-        if with_claim_version:
-            cond.append(c.claim_version == sa.bindparam("f_claim_version"))
-        return cond
+
+    def fence(self, qt: QueueTable) -> list[sa.ColumnElement[bool]]:
+        """:meth:`fence_where` of one fence, from the parameters of :meth:`fence_params`."""
+        c = qt.c
+        return self.fence_where(
+            qt,
+            same_item=c.id == sa.bindparam("item_id"),
+            attempt=sa.bindparam("f_attempt", type_=sa.Integer()),
+            lease_token=sa.bindparam("f_lease_token", type_=c.lease_token.type),
+            claim_version=sa.bindparam("f_claim_version", type_=sa.Integer()),
+        )
+
+    @staticmethod
+    def fence_params(fence: Fence) -> dict[str, Any]:
+        """The parameters of :meth:`fence` for ``fence``."""
+        return {
+            "item_id": fence.item_id,
+            "f_attempt": fence.attempt,
+            "f_lease_token": fence.lease_token,
+            "f_claim_version": fence.claim_version,
+        }
 
     @functools.cache  # noqa: B019
-    def heartbeat(self, queue: QueueSpec, with_claim_version: bool) -> sa.Update:
+    def heartbeat(self, queue: QueueSpec) -> sa.Update:
         """Extend a live, matching lease."""
         qt = self.table(queue)
         c = qt.c
         return (
             sa.update(qt.table)
-            .where(*self.fence(qt, with_claim_version), status_in(c.status, queue.leased))
+            .where(*self.fence(qt), status_in(c.status, queue.leased))
             .values(
                 {c.lease_expires_at: sa.bindparam("expires_at"), qt.heartbeat: sa.bindparam("now")}
             )
@@ -218,7 +296,8 @@ class LeaseStatements:
         The fences travel as one parameter (arrays for ``unnest`` on Postgres,
         a JSON array of strings for ``json_each`` on SQLite), so the statement
         text is the same for every batch size: compiled and prepared once, and
-        each row is found through the primary key.
+        each row is found through the primary key. Each row is fenced by the
+        same :meth:`fence_where` as a single write, claim_version included.
         """
         qt = self.table(queue)
         c = qt.c
@@ -229,33 +308,45 @@ class LeaseStatements:
                     sa.cast(sa.bindparam("f_ids"), postgresql.ARRAY(c.id.type)),
                     sa.cast(sa.bindparam("f_tokens"), postgresql.ARRAY(sa.Uuid())),
                     sa.cast(sa.bindparam("f_attempts"), postgresql.ARRAY(sa.Integer())),
+                    sa.cast(sa.bindparam("f_versions"), postgresql.ARRAY(sa.Integer())),
                 )
-                .table_valued("id", "tok", "att")
+                .table_valued("id", "tok", "att", "ver")
                 .render_derived()
                 .alias("f")
             )
-            fenced = [c.id == keys.c.id, c.lease_token == keys.c.tok, qt.attempt == keys.c.att]
+            fenced = self.fence_where(
+                qt,
+                same_item=c.id == keys.c.id,
+                attempt=keys.c.att,
+                lease_token=keys.c.tok,
+                claim_version=keys.c.ver,
+            )
         else:
             # One string per fence (see fence_batch): the lease token (32 hex
-            # digits), the attempt (10 digits), then the id. Cutting fixed fields
-            # out with substr() is cheaper than json_extract, which parses its
-            # JSON argument again for every field of every row.
+            # digits), the attempt (10 characters), the claim_version (10
+            # characters, dashes when not presented), then the id. Cutting
+            # fixed fields out with substr() is cheaper than json_extract,
+            # which parses its JSON argument again for every field of every row.
             value = sa.func.json_each(sa.bindparam("f_keys")).table_valued("value").alias("f")
-            item_id = sa.func.substr(value.c.value, 43)
+            item_id = sa.func.substr(value.c.value, _ID_AT)
             if isinstance(c.id.type, sa.Uuid):
                 # On SQLite a Uuid column holds 32 hex characters: compare as text.
                 returned = sa.type_coerce(c.id, sa.Text())
                 same_item = returned == item_id
             else:
                 same_item = c.id == sa.cast(item_id, sa.Integer())
-            fenced = [
-                same_item,
-                sa.type_coerce(c.lease_token, sa.Text()) == sa.func.substr(value.c.value, 1, 32),
-                qt.attempt == sa.cast(sa.func.substr(value.c.value, 33, 10), sa.Integer()),
-            ]
+            version = sa.func.nullif(sa.func.substr(value.c.value, 43, 10), _NO_VERSION)
+            fenced = self.fence_where(
+                qt,
+                same_item=same_item,
+                attempt=sa.cast(sa.func.substr(value.c.value, 33, 10), sa.Integer()),
+                lease_token=sa.func.substr(value.c.value, 1, 32),
+                claim_version=sa.cast(version, sa.Integer()),
+                token_as_text=True,
+            )
         return (
             sa.update(qt.table)
-            .where(*fenced, status_in(c.status, sources))
+            .where(*fenced, finishable(qt, queue, sources))
             .values(
                 {
                     c.status: queue.done,
@@ -271,12 +362,19 @@ class LeaseStatements:
     ) -> tuple[dict[str, Any], Mapping[Any, ItemId] | None]:
         """The parameters of :meth:`complete_many` for ``fences``; on SQLite also
         the fences' ids by the value the statement returns for each (a Uuid id
-        comes back as its 32 hex digits: mapping it back is cheaper than parsing)."""
+        comes back as its 32 hex digits: mapping it back is cheaper than parsing).
+
+        A fence no row can hold (:func:`fence_storable`) is stale by
+        definition and left out: it could not match, and would break the
+        fixed-width encoding and the Postgres integer arrays.
+        """
+        fences = [f for f in fences if fence_storable(f)]
         if self.engine_name == "postgres":
             params = {
                 "f_ids": [f.item_id for f in fences],
                 "f_tokens": [f.lease_token for f in fences],
                 "f_attempts": [f.attempt for f in fences],
+                "f_versions": [f.claim_version for f in fences],
             }
             return params, None
         ids: dict[Any, ItemId] = {}
@@ -284,5 +382,26 @@ class LeaseStatements:
         for f in fences:
             key = f.item_id.hex if isinstance(f.item_id, uuid.UUID) else f.item_id
             ids[key] = f.item_id
-            encoded.append(f"{f.lease_token.hex}{f.attempt:010d}{key}")
+            version = _NO_VERSION if f.claim_version is None else f"{f.claim_version:010d}"
+            encoded.append(f"{f.lease_token.hex}{f.attempt:010d}{version}{key}")
         return {"f_keys": json.dumps(encoded)}, ids
+
+
+_STORABLE = range(-999_999_999, 2**31)
+"""Values both a 32-bit column and the 10-character SQLite encoding hold."""
+_NO_VERSION = "-" * 10
+"""The SQLite batch encoding of a fence that presents no claim_version."""
+_ID_AT = 53
+"""Where the id starts in the SQLite batch encoding (1-based, after 32 + 10 + 10)."""
+
+
+def fence_storable(fence: Fence) -> bool:
+    """Whether ``fence``'s attempt and claim_version are values a row can hold.
+
+    One that is not (a forged ``2**40``) is stale by definition: a fenced
+    write skips it instead of sending it, where Postgres would refuse the
+    bind (integer out of range) and the refusal would surface as an error.
+    """
+    return fence.attempt in _STORABLE and (
+        fence.claim_version is None or fence.claim_version in _STORABLE
+    )
