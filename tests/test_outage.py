@@ -1,0 +1,329 @@
+"""Driver errors never leak, and long-running loops outlive an outage (unit level).
+
+On both engines: a failing statement of the caller's own, inside any scope of
+``SqlRepository``, leaves as a core error; the outbox relay and a periodic
+service (the reaper) keep running while the repository raises
+``DatabaseUnavailable``, log the outage once, back off with jitter through
+their injected ``sleep``, and carry on by themselves once it is back. The
+outage is injected at the repository's scopes (:class:`FlakyRepository`), in
+front of a real database; the real thing (a Postgres cluster stopped and
+crash-restarted) is ``tests/test_outage_pg.py``.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+import time
+import uuid
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+import anyio.lowlevel
+import pytest
+import sqlalchemy as sa
+
+from tests.factories import make_job, wait_until
+from trace_core.clock import ManualClock
+from trace_core.dispatcher.reaper import Reaper, ReaperConfig
+from trace_core.errors import DatabaseUnavailable, DuplicateItem, StorageError
+from trace_core.outage import OUTAGE_BACKOFF, LoopHealth
+from trace_core.outbox import OutboxRelay, RelayConfig, write_outbox
+from trace_core.storage import schema
+from trace_core.storage.protocol import NewOutboxRow, NewTask
+from trace_core.storage.sql import SqlRepository, SqlTransaction
+from trace_core.tasks import TaskQueue
+
+pytestmark = pytest.mark.anyio
+
+BOUND = 30.0
+"""Seconds any condition may take; each takes milliseconds."""
+
+
+class FlakyRepository:
+    """A real repository whose scopes refuse to open while :attr:`down` is set,
+    the way an unreachable database refuses connections."""
+
+    def __init__(self, inner: SqlRepository) -> None:
+        self.inner = inner
+        self.down = False
+        self.refused = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def _gate(self) -> None:
+        if self.down:
+            self.refused += 1
+            raise DatabaseUnavailable("connect: database unavailable: injected outage")
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[SqlTransaction]:
+        self._gate()
+        async with self.inner.transaction() as tx:
+            yield tx
+
+    @asynccontextmanager
+    async def statement(self) -> AsyncIterator[SqlTransaction]:
+        self._gate()
+        async with self.inner.statement() as tx:
+            yield tx
+
+    @asynccontextmanager
+    async def autocommit(self) -> AsyncIterator[SqlTransaction]:
+        self._gate()
+        async with self.inner.autocommit() as tx:
+            yield tx
+
+    @asynccontextmanager
+    async def read(self) -> AsyncIterator[SqlTransaction]:
+        self._gate()
+        async with self.inner.read() as tx:
+            yield tx
+
+
+class Pacer:
+    """An injected ``sleep``: records each backoff delay and only yields."""
+
+    def __init__(self) -> None:
+        self.delays: list[float] = []
+
+    async def __call__(self, seconds: float) -> None:
+        self.delays.append(seconds)
+        await anyio.lowlevel.checkpoint()
+
+
+def _outage_lines(caplog: pytest.LogCaptureFixture, name: str) -> list[str]:
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno >= logging.WARNING and r.getMessage().startswith(name)
+    ]
+
+
+async def _until(what: str, condition: Any, describe: Any) -> None:
+    await wait_until(what, condition, time.monotonic() + BOUND, describe=describe)
+
+
+# --- driver errors at the scope boundary --------------------------------------
+
+
+async def test_a_constraint_violation_of_the_callers_own_sql_is_a_core_error(
+    repo: SqlRepository, clock: ManualClock
+) -> None:
+    job = await make_job(repo, clock.now())
+    t = schema.tasks
+    row = {
+        "id": uuid.uuid4(),
+        "job_id": job,
+        "dedupe_key": "k",
+        "status": "Queued",
+        "attempt": 1,
+        "claim_version": 0,
+        "max_attempts": 3,
+        "queued_at": clock.now(),
+    }
+    async with repo.transaction() as tx:
+        await tx.connection.execute(sa.insert(t).values(row))
+    for scope in (repo.transaction, repo.autocommit):
+        with pytest.raises(DuplicateItem, match="constraint violated"):
+            async with scope() as tx:
+                await tx.connection.execute(sa.insert(t).values(row))
+
+
+async def test_a_failing_statement_in_a_read_is_a_storage_error_not_sqlalchemys(
+    repo: SqlRepository,
+) -> None:
+    with pytest.raises(StorageError) as caught:
+        async with repo.read() as tx:
+            await tx.connection.execute(sa.text("SELECT * FROM no_such_table"))
+    assert not isinstance(caught.value, sa.exc.SQLAlchemyError)
+    assert caught.value.__cause__ is not None
+
+
+async def test_a_raw_driver_error_in_a_statement_scope_is_translated(
+    repo: SqlRepository,
+) -> None:
+    # What a connection used directly would raise (no SQLAlchemy wrapping).
+    with pytest.raises(DatabaseUnavailable, match="statement: database unavailable"):
+        async with repo.statement():
+            raise sqlite3.OperationalError("database is locked")
+    with pytest.raises(DuplicateItem, match="constraint violated"):
+        async with repo.transaction():
+            raise sqlite3.IntegrityError("UNIQUE constraint failed: tasks.id")
+    # The scopes still work afterwards: nothing was left half-open.
+    await repo.ping()
+
+
+# --- the backoff itself ----------------------------------------------------------
+
+
+async def test_loop_health_logs_a_streak_once_and_its_recovery_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    pacer = Pacer()
+    health = LoopHealth("probe", sleep=pacer)
+    health.running = True
+    caplog.set_level(logging.DEBUG)
+    for _ in range(5):
+        await health.backoff_after(DatabaseUnavailable("connect: database unavailable: x"))
+    assert not health.healthy and health.failures == 5
+    assert (
+        health.snapshot()["last_error"] == "DatabaseUnavailable: connect: database unavailable: x"
+    )
+    health.succeeded()
+    health.succeeded()
+    assert health.healthy and health.total_failures == 5
+    lines = _outage_lines(caplog, "probe")
+    assert len(lines) == 2, lines
+    assert "backing off" in lines[0] and "recovered after 5" in lines[1]
+    # Full jitter within the growing, capped ceiling.
+    for n, delay in enumerate(pacer.delays, start=1):
+        ceiling = min(OUTAGE_BACKOFF.cap_seconds, OUTAGE_BACKOFF.base_seconds * 2 ** (n - 1))
+        assert 0 <= delay <= ceiling
+
+
+# --- the loops -------------------------------------------------------------------
+
+
+async def test_the_relay_outlives_an_outage_and_delivers_afterwards(
+    repo: SqlRepository, clock: ManualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    flaky = FlakyRepository(repo)
+    delivered: list[Mapping[str, Any]] = []
+
+    async def handle(payload: Mapping[str, Any]) -> None:
+        delivered.append(payload)
+
+    pacer = Pacer()
+    relay = OutboxRelay(
+        flaky,  # type: ignore[arg-type]
+        {"note": handle},
+        clock=clock,
+        config=RelayConfig(poll_min_seconds=0.05, poll_max_seconds=0.1),
+        sleep=pacer,
+    )
+    caplog.set_level(logging.DEBUG)
+    async with anyio.create_task_group() as group:
+        flaky.down = True  # even with an empty outbox, the first round fails
+        await relay.start(group)
+        await _until(
+            "several failed rounds",
+            lambda: relay.health.failures >= 5,
+            lambda: relay.health.snapshot(),
+        )
+        assert relay.health.running
+        flaky.down = False
+        async with repo.transaction() as tx:
+            await write_outbox(tx, [NewOutboxRow("note", {"n": 1})], clock.now())
+        await _until(
+            "the row delivered", lambda: len(delivered) == 1, lambda: relay.health.snapshot()
+        )
+        await _until("the recovery", lambda: relay.health.healthy, lambda: relay.health.snapshot())
+        await relay.stop()
+    assert delivered == [{"n": 1}]
+    assert len(pacer.delays) >= 5 and flaky.refused >= 5
+    lines = _outage_lines(caplog, "outbox relay")
+    assert len(lines) == 2, lines  # the outage once, the recovery once
+    assert "DatabaseUnavailable" in lines[0] and "recovered" in lines[1]
+    async with repo.read() as tx:
+        statuses = (await tx.connection.execute(sa.select(schema.outbox.c.status))).scalars()
+        assert list(statuses) == ["Done"]
+
+
+async def test_the_relay_keeps_finished_rows_whose_completion_failed(
+    repo: SqlRepository, clock: ManualClock
+) -> None:
+    """The database goes away between handling a row and marking it done: the
+    row is marked done once it is back, not lost to its lease."""
+    flaky = FlakyRepository(repo)
+    delivered: list[Mapping[str, Any]] = []
+
+    async def handle(payload: Mapping[str, Any]) -> None:
+        flaky.down = True  # the completion that follows fails
+        delivered.append(payload)
+
+    relay = OutboxRelay(
+        flaky,  # type: ignore[arg-type]
+        {"note": handle},
+        clock=clock,
+        config=RelayConfig(poll_min_seconds=0.05, poll_max_seconds=0.1),
+        sleep=Pacer(),
+    )
+    async with repo.transaction() as tx:
+        await write_outbox(tx, [NewOutboxRow("note", {"n": 2})], clock.now())
+    async with anyio.create_task_group() as group:
+        await relay.start(group)
+        await _until(
+            "a failed completion",
+            lambda: relay.health.failures >= 2,
+            lambda: relay.health.snapshot(),
+        )
+        flaky.down = False
+        await _until("the recovery", lambda: relay.health.healthy, lambda: relay.health.snapshot())
+
+        async def done() -> bool:
+            async with repo.read() as tx:
+                rows = await tx.connection.execute(sa.select(schema.outbox.c.status))
+                return list(rows.scalars()) == ["Done"]
+
+        await _until("the row marked done", done, lambda: delivered)
+        await relay.stop()
+    assert delivered == [{"n": 2}]  # handled once: no lease expired, no second delivery
+
+
+async def test_a_periodic_service_outlives_an_outage_and_reaps_afterwards(
+    repo: SqlRepository, clock: ManualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    tasks = TaskQueue(repo, clock=clock)
+    job = await make_job(repo, clock.now())
+    [created] = await tasks.create([NewTask(job, dedupe_key="reap-me")])
+    claimed = await tasks.claim(created.task_id, "gone-worker", lease_seconds=5)
+    assert claimed.lease is not None
+    clock.advance(60)  # the lease has expired: the reaper's next good pass retries it
+
+    flaky = FlakyRepository(repo)
+    reaper = Reaper(
+        flaky,  # type: ignore[arg-type]
+        clock=clock,
+        config=ReaperConfig(interval_seconds=0.05),
+        tasks=TaskQueue(flaky, clock=clock),  # type: ignore[arg-type]
+    )
+    pacer = Pacer()
+    reaper.health.sleep = pacer
+    caplog.set_level(logging.DEBUG)
+
+    async def status() -> str:
+        async with repo.read() as tx:
+            t = schema.tasks
+            found = await tx.connection.execute(
+                sa.select(t.c.status).where(t.c.id == created.task_id)
+            )
+            return str(found.scalar_one())
+
+    async with anyio.create_task_group() as group:
+        flaky.down = True
+        await reaper.start(group)
+        await _until(
+            "several failed passes",
+            lambda: reaper.health.failures >= 5,
+            lambda: reaper.health.snapshot(),
+        )
+        assert await status() == "Running"
+        flaky.down = False
+
+        async def reaped() -> bool:
+            return await status() != "Running"
+
+        await _until("the expired lease reaped", reaped, status)
+        await _until(
+            "the recovery", lambda: reaper.health.healthy, lambda: reaper.health.snapshot()
+        )
+        await reaper.stop()
+    assert not reaper.health.running
+    assert len(pacer.delays) >= 5
+    lines = _outage_lines(caplog, "Reaper")
+    assert len(lines) == 2, lines
+    assert "backing off" in lines[0] and "recovered" in lines[1]
