@@ -210,6 +210,7 @@ class OutboxRelay:
         limiter = anyio.CapacityLimiter(self.config.concurrency)
         claimed = 0
         done: list[Lease] = []
+        stranded: list[Lease] = []
         finished = anyio.Event()
         next_reclaim = 0.0
 
@@ -220,10 +221,12 @@ class OutboxRelay:
                     if await self._handle(lease):
                         done.append(lease)
             except DatabaseUnavailable as exc:
-                # Its failure (or requeue) could not be written: the lease
-                # expires and the row is reclaimed once the database is back.
-                # The loop's own next round reports the outage.
-                log.debug("outbox row %s: %s; left to its lease", lease.item_id, exc)
+                # Neither handled nor its failure written: the row is still
+                # ours (leased), so it is handled again as soon as a round
+                # succeeds, rather than after its whole lease. The loop's own
+                # next round reports the outage.
+                log.debug("outbox row %s: %s; handled again once it is back", lease.item_id, exc)
+                stranded.append(lease)
             finally:
                 claimed -= 1
                 finished.set()
@@ -252,6 +255,10 @@ class OutboxRelay:
                                 await self.leases.reclaim_expired()
                                 next_reclaim = anyio.current_time() + self.config.poll_min_seconds
                             leases = await self.leases.claim_batch(self.worker_id, want)
+                            # The database answers again: retry what the
+                            # outage cut off (their leases are still ours).
+                            leases.extend(stranded)
+                            stranded.clear()
                             for lease in leases:
                                 claimed += 1
                                 tg.start_soon(process, lease)
