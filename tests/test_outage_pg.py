@@ -40,7 +40,7 @@ from tests.test_e2e_http import (  # the process helpers of the end-to-end test
     _spawn,
     _until,
 )
-from tests.test_e2e_http import processes as e2e_processes
+from tests.test_e2e_http import processes as e2e_processes  # noqa: F401 (a fixture)
 from trace_core.api.capability import CAPABILITY_HEADER
 from trace_core.dag import parse_dag
 from trace_core.dispatcher.service import Dispatcher
@@ -78,7 +78,7 @@ jobs:
 
 
 @pytest.fixture
-def spawned(e2e_processes: Processes) -> Processes:
+def spawned(e2e_processes: Processes) -> Processes:  # noqa: F811 (the imported fixture)
     """Started subprocesses, terminated (then killed) at the end of the test."""
     return e2e_processes
 
@@ -291,7 +291,7 @@ def test_every_route_answers_503_while_postgres_is_down_and_the_server_recovers(
             if (status != 200 if path in NO_DATABASE else status != 503 or retry_after is None)
         }
         assert not wrong, wrong
-        for path, (status, body, retry_after) in answers.items():
+        for path, (_, body, retry_after) in answers.items():
             if path not in NO_DATABASE:
                 assert retry_after is not None and int(retry_after) >= 1, path
                 assert isinstance(body, dict), (path, body)
