@@ -22,12 +22,16 @@ from typing import Any
 
 import anyio
 import anyio.lowlevel
+import httpx
 import pytest
 import sqlalchemy as sa
 
+from tests.api_fixtures import AUTH, OPERATORS, TOKEN
 from tests.factories import make_job, wait_until
+from trace_core.api import create_app
 from trace_core.clock import ManualClock
 from trace_core.dispatcher.reaper import Reaper, ReaperConfig
+from trace_core.dispatcher.service import Dispatcher
 from trace_core.errors import DatabaseUnavailable, DuplicateItem, StorageError
 from trace_core.outage import OUTAGE_BACKOFF, LoopHealth
 from trace_core.outbox import OutboxRelay, RelayConfig, write_outbox
@@ -327,3 +331,57 @@ async def test_a_periodic_service_outlives_an_outage_and_reaps_afterwards(
     lines = _outage_lines(caplog, "Reaper")
     assert len(lines) == 2, lines
     assert "backing off" in lines[0] and "recovered" in lines[1]
+
+
+# --- health endpoints ------------------------------------------------------------
+
+
+async def test_readiness_shows_a_failing_service_which_restarts_by_itself(
+    repo: SqlRepository, clock: ManualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A service failing for another reason than an outage (a bug) does not end:
+    it backs off, ``/readyz`` answers 503 naming it, and once its pass succeeds
+    again the process is ready again; ``/healthz`` answers throughout."""
+    dispatcher = Dispatcher(repo, operators=OPERATORS, clock=clock)
+    app = create_app(dispatcher, internal_token=TOKEN, run_dispatcher=True)
+    pacer = Pacer()
+    dispatcher.reaper.health.sleep = pacer
+    passes = dispatcher.reaper.run_once
+    broken = {"on": False}
+
+    async def run_once() -> Any:
+        if broken["on"]:
+            raise RuntimeError("a bug in a pass")
+        return await passes()
+
+    dispatcher.reaper.run_once = run_once  # type: ignore[method-assign]
+    transport = httpx.ASGITransport(app=app)
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=transport, base_url="http://t", headers=AUTH) as client,
+    ):
+
+        async def ready() -> bool:
+            return (await client.get("/readyz")).status_code == 200
+
+        await _until("ready", ready, lambda: dispatcher.health())
+        broken["on"] = True
+        dispatcher.reaper.wake()
+        await _until(
+            "the reaper failing",
+            lambda: dispatcher.reaper.health.failures >= 2,
+            lambda: dispatcher.reaper.health.snapshot(),
+        )
+        answer = await client.get("/readyz")
+        assert answer.status_code == 503 and answer.headers["Retry-After"] == "1"
+        body = answer.json()
+        assert body["database"] == "ok" and body["status"] == "not_ready"
+        reaper = body["services"]["Reaper"]
+        assert reaper["running"] and not reaper["healthy"]
+        assert reaper["last_error"] == "RuntimeError"  # the type only, never the message
+        assert all(s["running"] for s in body["services"].values())
+        assert (await client.get("/healthz")).json() == {"status": "alive"}
+        broken["on"] = False
+        await _until("ready again", ready, lambda: dispatcher.health())
+    assert not dispatcher.reaper.health.running
+    assert len(_outage_lines(caplog, "Reaper")) == 2  # the failure once, the recovery once
