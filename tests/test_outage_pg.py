@@ -32,6 +32,7 @@ import anyio
 import httpx
 import psycopg
 import pytest
+import sqlalchemy as sa
 
 from tests.outage_operators import OPERATORS
 from tests.test_e2e_http import (  # the process helpers of the end-to-end test
@@ -44,6 +45,7 @@ from tests.test_e2e_http import processes as e2e_processes  # noqa: F401 (a fixt
 from trace_core.api.capability import CAPABILITY_HEADER
 from trace_core.dag import parse_dag
 from trace_core.dispatcher.service import Dispatcher
+from trace_core.errors import DatabaseUnavailable
 from trace_core.storage.migrate import upgrade
 from trace_core.storage.sql import SqlRepository
 from trace_lite.pgcluster import PostgresCluster
@@ -380,3 +382,28 @@ def test_work_survives_two_crash_restarts_under_serve_and_workers(
     assert {str(m) for m in marks} <= ran
     for process, _ in spawned:
         assert process.poll() is None, f"process {process.args} died"
+
+
+@pytest.mark.anyio
+async def test_a_statement_on_a_connection_the_server_dropped_is_database_unavailable(
+    cluster: PostgresCluster,
+) -> None:
+    """Each scope, holding a pooled connection the crash cut, answers
+    ``DatabaseUnavailable`` for a statement outside the protocol operations,
+    never the driver's error; the same repository works again once it is back."""
+    cluster.create_database("scopes")
+    url = cluster.url("scopes")
+    upgrade(url)
+    repo = SqlRepository(url)
+    try:
+        for scope in (repo.read, repo.transaction, repo.autocommit):
+            await repo.ping()  # a pooled connection, open before the crash
+            cluster.halt("immediate")
+            with pytest.raises(DatabaseUnavailable) as caught:
+                async with scope() as tx:
+                    await tx.connection.execute(sa.text("SELECT count(*) FROM tasks"))
+            assert not isinstance(caught.value, sa.exc.SQLAlchemyError)
+            cluster.resume()
+        await repo.ping()  # the cut connections were dropped, not handed out again
+    finally:
+        await repo.close()
