@@ -25,11 +25,14 @@ import anyio.lowlevel
 import httpx
 import pytest
 import sqlalchemy as sa
+import uvicorn
 
-from tests.api_fixtures import AUTH, OPERATORS, TOKEN
+from tests.api_fixtures import AUTH, OPERATORS, STREAM, TOKEN, api_platform
 from tests.factories import make_job, wait_until
+from tests.test_e2e_http import _free_port
 from trace_core.api import create_app
 from trace_core.clock import ManualClock
+from trace_core.dispatcher.operators import OperatorRegistry, OperatorSpec
 from trace_core.dispatcher.reaper import Reaper, ReaperConfig
 from trace_core.dispatcher.service import Dispatcher
 from trace_core.errors import DatabaseUnavailable, DuplicateItem, StorageError
@@ -39,6 +42,8 @@ from trace_core.storage import schema
 from trace_core.storage.protocol import NewOutboxRow, NewTask
 from trace_core.storage.sql import SqlRepository, SqlTransaction
 from trace_core.tasks import TaskQueue
+from trace_core.worker import OperatorResult
+from trace_lite.worker_cli import WorkerConfig, run_worker
 
 pytestmark = pytest.mark.anyio
 
@@ -385,3 +390,54 @@ async def test_readiness_shows_a_failing_service_which_restarts_by_itself(
         await _until("ready again", ready, lambda: dispatcher.health())
     assert not dispatcher.reaper.health.running
     assert len(_outage_lines(caplog, "Reaper")) == 2  # the failure once, the recovery once
+
+
+# --- the worker loop of ``trace-lite worker`` ------------------------------------
+
+
+async def test_the_worker_loop_waits_out_a_missing_server_and_carries_on(
+    repo: SqlRepository, clock: ManualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Nothing listens on the API's port at first: every claim fails, the loop
+    logs that once and backs off; once the server is up, it claims and runs
+    the waiting task by itself (``max_tasks=1`` then ends it)."""
+    async with api_platform(repo, clock) as api:
+        task_id = await api.trigger("while-down")
+        port = _free_port()
+        config = WorkerConfig(
+            api=f"http://127.0.0.1:{port}",
+            streams=(STREAM,),
+            worker_id="outage-worker",
+            max_tasks=1,
+            max_wait_ms=500,
+        )
+        ran: list[str] = []
+
+        def follow(ctx: Any) -> OperatorResult:
+            ran.append(str(ctx.task_id))
+            return OperatorResult()
+
+        operators = OperatorRegistry([OperatorSpec("follow", follow, source=True)])
+        pacer = Pacer()
+        server = uvicorn.Server(
+            uvicorn.Config(
+                api.app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"
+            )
+        )
+        caplog.set_level(logging.DEBUG)
+        codes: list[int] = []
+
+        async def work() -> None:
+            codes.append(await run_worker(config, TOKEN, operators, sleep=pacer))
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(work)
+            await _until("claims failing", lambda: len(pacer.delays) >= 3, lambda: pacer.delays)
+            group.start_soon(server.serve)
+            await _until("the worker done", lambda: bool(codes), lambda: pacer.delays)
+            server.should_exit = True
+        assert codes == [0] and ran == [str(task_id)]
+        assert (await api.task(task_id))["status"] == "Completed"
+    lines = _outage_lines(caplog, "worker outage-worker")
+    assert len(lines) == 2, lines  # the outage once, the recovery once
+    assert "ControlPlaneUnavailable" in lines[0] and "recovered" in lines[1]
