@@ -441,3 +441,26 @@ async def test_the_worker_loop_waits_out_a_missing_server_and_carries_on(
     lines = _outage_lines(caplog, "worker outage-worker")
     assert len(lines) == 2, lines  # the outage once, the recovery once
     assert "ControlPlaneUnavailable" in lines[0] and "recovered" in lines[1]
+
+
+async def test_a_dispatcher_task_group_that_dies_anyway_stops_the_server(
+    repo: SqlRepository, clock: ManualClock
+) -> None:
+    """No service loop lets an error out; should one do it all the same, the
+    app's lifespan reports it (``trace-lite serve`` then stops its server and
+    exits with the error) instead of serving with no Dispatcher behind it."""
+    dispatcher = Dispatcher(repo, operators=OPERATORS, clock=clock)
+    failures: list[BaseException] = []
+    app = create_app(
+        dispatcher, internal_token=TOKEN, run_dispatcher=True, on_dispatcher_failure=failures.append
+    )
+
+    async def broken_loop() -> None:
+        raise RuntimeError("a loop that lets its error out")
+
+    dispatcher.scaler.run = broken_loop  # type: ignore[method-assign]
+    with anyio.fail_after(BOUND), pytest.raises(BaseExceptionGroup) as caught:
+        async with app.router.lifespan_context(app):
+            await anyio.sleep_forever()  # ended by the failing loop
+    assert caught.group_contains(RuntimeError, match="lets its error out")
+    assert len(failures) == 1
