@@ -37,10 +37,10 @@ from tests.capability_fixtures import (
     make_kit,
 )
 from trace_core.api import create_app
+from trace_core.authoring.events import DatasetEvent, parse_events
 from trace_core.clock import ManualClock
 from trace_core.dag import DeployResult, parse_dag
 from trace_core.dispatcher.buffer import InMemoryDatasetBuffer
-from trace_core.dispatcher.events import DatasetEvent, parse_events
 from trace_core.dispatcher.service import Dispatcher
 from trace_core.errors import ConfigurationError, InvalidTransition, StaleClaim
 from trace_core.model import Fence

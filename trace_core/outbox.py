@@ -10,6 +10,12 @@ otherwise polls at a jittered interval (euterpe-contract.md §12 defaults).
 
 Handlers must be idempotent: delivery is at-least-once (a relay that dies
 after the side effect and before marking the row done repeats it).
+
+The relay outlives a database outage (:meth:`OutboxRelay.run`): a round whose
+reclaim, claim or completion fails is not the end of the loop, which backs
+off with jitter (:class:`~trace_core.outage.LoopHealth`, logging the outage
+once) and carries on by itself when the database is back; rows whose
+completion could not be written are kept and marked done then.
 """
 
 from __future__ import annotations
@@ -26,10 +32,11 @@ from typing import Any
 import anyio
 
 from trace_core.clock import Clock, SystemClock
-from trace_core.errors import ConfigurationError, StaleClaim
+from trace_core.errors import ConfigurationError, DatabaseUnavailable, StaleClaim
 from trace_core.identity import worker_id as default_worker_id
 from trace_core.leasing import LeaseConfig, LeaseQueue
 from trace_core.model import OUTBOX, Lease
+from trace_core.outage import LoopHealth, Sleep
 from trace_core.retry import RetryClass, RetryPolicy
 from trace_core.storage.protocol import NewOutboxRow, Repository, Transaction
 
@@ -109,6 +116,7 @@ class OutboxRelay:
         retry: RetryPolicy | None = None,
         worker_id: str | None = None,
         rng: random.Random | None = None,
+        sleep: Sleep | None = None,
     ) -> None:
         self.repo = repo
         self.handlers = dict(handlers)
@@ -123,6 +131,8 @@ class OutboxRelay:
             retry=retry,
             rng=self._rng,
         )
+        self.health = LoopHealth("outbox relay", logger=log, sleep=sleep, rng=self._rng)
+        """The loop's failure streak; ``sleep`` paces its backoff (tests inject one)."""
         self._stop = anyio.Event()
         self._stopped = anyio.Event()
         self._waiting = anyio.CancelScope()
@@ -193,10 +203,14 @@ class OutboxRelay:
         wake of the loop. With the batch full it waits for a row to finish;
         with nothing to claim, for a wake-up, a finished row or the jittered
         poll. Expired leases are reclaimed at most once per ``poll_min_seconds``.
+
+        A failed round (the database is down) backs off with jitter through
+        :attr:`health` and tries again; the loop ends on :meth:`stop` only.
         """
         limiter = anyio.CapacityLimiter(self.config.concurrency)
         claimed = 0
         done: list[Lease] = []
+        stranded: list[Lease] = []
         finished = anyio.Event()
         next_reclaim = 0.0
 
@@ -206,35 +220,61 @@ class OutboxRelay:
                 async with limiter:
                     if await self._handle(lease):
                         done.append(lease)
+            except DatabaseUnavailable as exc:
+                # Neither handled nor its failure written: the row is still
+                # ours (leased), so it is handled again as soon as a round
+                # succeeds, rather than after its whole lease. The loop's own
+                # next round reports the outage.
+                log.debug("outbox row %s: %s; handled again once it is back", lease.item_id, exc)
+                stranded.append(lease)
             finally:
                 claimed -= 1
                 finished.set()
 
         async def flush() -> None:
             if done:
-                fences = [lease.fence for lease in done]
-                done.clear()
-                await self.leases.complete_many(fences)
+                # Removed only once written: rows finished during the await
+                # are appended behind, and a failed write keeps them all.
+                count = len(done)
+                await self.leases.complete_many([lease.fence for lease in done[:count]])
+                del done[:count]
 
+        self.health.running = True
         try:
             wakeups = await self.repo.subscribe(OUTBOX_CHANNEL)
             async with anyio.create_task_group() as tg:
                 while not self._stop.is_set():
                     finished = anyio.Event()
-                    await flush()
-                    want = self.config.batch_size - claimed
-                    if want > 0:
-                        # Expired leases are rare: look for them once per
-                        # shortest poll, not before every top-up.
-                        if anyio.current_time() >= next_reclaim:
-                            await self.leases.reclaim_expired()
-                            next_reclaim = anyio.current_time() + self.config.poll_min_seconds
-                        leases = await self.leases.claim_batch(self.worker_id, want)
-                        for lease in leases:
-                            claimed += 1
-                            tg.start_soon(process, lease)
-                        if len(leases) == want or self._stop.is_set():
-                            continue
+                    try:
+                        await flush()
+                        want = self.config.batch_size - claimed
+                        if want > 0:
+                            # Expired leases are rare: look for them once per
+                            # shortest poll, not before every top-up.
+                            if anyio.current_time() >= next_reclaim:
+                                await self.leases.reclaim_expired()
+                                next_reclaim = anyio.current_time() + self.config.poll_min_seconds
+                            leases = await self.leases.claim_batch(self.worker_id, want)
+                            # The database answers again: retry what the
+                            # outage cut off (their leases are still ours).
+                            leases.extend(stranded)
+                            stranded.clear()
+                            for lease in leases:
+                                claimed += 1
+                                tg.start_soon(process, lease)
+                            self.health.succeeded()
+                            if len(leases) == want or self._stop.is_set():
+                                continue
+                        else:
+                            self.health.succeeded()
+                    except Exception as exc:
+                        # An outage (or a bug) ends this round, never the loop
+                        # nor the rows in flight, which finish meanwhile.
+                        if self._stop.is_set():
+                            break
+                        with anyio.CancelScope() as self._waiting:
+                            await self.health.backoff_after(exc)
+                        continue
                     poll = self._rng.uniform(
                         self.config.poll_min_seconds, self.config.poll_max_seconds
                     )
@@ -243,8 +283,11 @@ class OutboxRelay:
                             await _first_of(functools.partial(wakeups.wait, poll), finished.wait)
                         else:
                             await finished.wait()
-            await flush()
+            with contextlib.suppress(DatabaseUnavailable):
+                # Stopping during an outage: these rows are reclaimed later.
+                await flush()
         finally:
+            self.health.running = False
             self._stopped.set()
 
     async def start(self, task_group: anyio.abc.TaskGroup) -> None:

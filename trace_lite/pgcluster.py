@@ -208,6 +208,57 @@ class PostgresCluster:
         with self._lock:
             self._stop_locked()
 
+    def halt(self, mode: str = "immediate") -> None:
+        """Stop the server but keep the cluster (``pg_ctl stop -m <mode>``), to
+        simulate an outage; :meth:`resume` starts it again on the same port.
+
+        ``immediate`` is a crash: no checkpoint, every session cut at once, and
+        the next start runs crash recovery. ``fast`` is a clean shutdown.
+        """
+        if mode not in ("immediate", "fast", "smart"):
+            raise ValueError(f"mode must be immediate, fast or smart, not {mode!r}")
+        with self._lock:
+            self._require_root()
+            process, self._process = self._process, None
+            if process is None or process.poll() is not None:
+                raise RuntimeError("the server is not running")
+            assert self._bindir is not None
+            self._run(
+                [
+                    str(self._bindir / "pg_ctl"),
+                    "stop",
+                    "-D",
+                    str(self.data_dir),
+                    "-m",
+                    mode,
+                    "-w",
+                    "-t",
+                    "30",
+                ]
+            )
+            process.wait(timeout=30)
+
+    def resume(self) -> None:
+        """Start the server halted by :meth:`halt` again, on the same port, and
+        wait until it accepts connections (after crash recovery, if any)."""
+        with self._lock:
+            self._require_root()
+            if self._process is not None and self._process.poll() is None:
+                raise RuntimeError("the server is already running")
+            assert self._bindir is not None and self._port is not None
+            self._process = self._spawn_postgres(self._bindir, self.data_dir, self._port)
+            deadline = time.monotonic() + self._startup_timeout
+            if not self._wait_ready(self._bindir, deadline):
+                raise RuntimeError(
+                    f"postgres did not restart on port {self._port}:\n{self._log_tail()}"
+                )
+
+    def crash_restart(self) -> None:
+        """``pg_ctl restart -m immediate``: crash the server and start it again
+        on the same port (:meth:`halt` then :meth:`resume`)."""
+        self.halt("immediate")
+        self.resume()
+
     def _start_locked(self) -> None:
         bindir = self._bindir or find_postgres_bindir()
         self._bindir = bindir

@@ -8,7 +8,12 @@ refused. Without a token the server does not start.
 
 The Dispatcher's services run in the app's lifespan: started before the
 first request is served, stopped (sources drained, loops finished) on
-SIGINT/SIGTERM.
+SIGINT/SIGTERM. A database outage stops none of them (each backs off and
+carries on when the database is back); ``/healthz`` answers liveness and
+``/readyz`` readiness (database reachable, every service loop healthy). Should
+the services' task group end with an error all the same, the server stops
+and the command exits with that error (status 1) instead of answering HTTP
+with no Dispatcher behind it.
 
 Task capabilities: the signing keys live in ``<data dir>/keys`` (a
 :class:`~trace_lite.keys.LocalKeyStore`, created on first start), and every
@@ -46,7 +51,7 @@ import anyio
 
 from trace_core.authoring.operators import OperatorRegistry
 from trace_core.clock import Clock, SystemClock
-from trace_core.errors import ConfigurationError
+from trace_core.errors import ConfigurationError, TraceError
 from trace_core.security.jwks import KeyRing
 from trace_core.storage.migrate import current_revision, head_revision
 from trace_lite.credentials import (
@@ -225,6 +230,12 @@ async def _serve(
         # Built inside the event loop: the Dispatcher's services own loop-bound primitives.
         dispatcher = Dispatcher(repo, operators=operators, clock=clock, capabilities=capabilities)
         sink = BufferSink(data, repo, [ALERT_SCHEMA], gateway=dispatcher.gateway, clock=clock)
+        failures: list[BaseException] = []
+
+        def dispatcher_failed(exc: BaseException) -> None:
+            failures.append(exc)
+            server.should_exit = True
+
         app = create_app(
             dispatcher,
             internal_token=token,
@@ -236,6 +247,7 @@ async def _serve(
             query=SparkQueryService(
                 spark, Path(config.data_dir) / "objects", data=data, state=repo
             ),
+            on_dispatcher_failure=dispatcher_failed,
         )
         server = uvicorn.Server(
             uvicorn.Config(
@@ -252,6 +264,12 @@ async def _serve(
             await sink.start(group)
             await server.serve()
             await sink.stop()
+        if failures:
+            error = failures[0]
+            raise TraceError(
+                f"the Dispatcher's services failed ({type(error).__name__}: {error}); "
+                "the server stopped"
+            ) from error
     finally:
         await anyio.to_thread.run_sync(spark.stop)
         await data.close()

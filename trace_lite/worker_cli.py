@@ -19,6 +19,11 @@ command line. SIGTERM (or SIGINT) stops claiming: an idle long-poll is
 abandoned at once (a task the server leased for it meanwhile expires and is
 retried), a running task is finished and reported, then the process exits 0.
 A second signal abandons the running task too (its lease expires).
+
+The loop outlives an outage of the control plane or of its database (a
+refused connection, a 503): it logs the first failed claim only, backs off
+with jitter (:class:`~trace_core.outage.LoopHealth`) and claims again by
+itself once the server answers, logging the recovery once.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from trace_core.errors import ConfigurationError
+from trace_core.outage import LoopHealth, Sleep
 from trace_core.retry import Backoff
 from trace_core.worker import (
     ClaimResult,
@@ -219,12 +225,29 @@ class _Stop:
         self.everything = anyio.CancelScope()
 
 
-async def run_worker(config: WorkerConfig, token: str, operators: OperatorRegistry) -> int:
-    """Claim and run tasks until signalled or ``max_tasks`` are handled; the exit code."""
+async def run_worker(
+    config: WorkerConfig,
+    token: str,
+    operators: OperatorRegistry,
+    *,
+    sleep: Sleep | None = None,
+) -> int:
+    """Claim and run tasks until signalled or ``max_tasks`` are handled; the exit code.
+
+    ``sleep`` paces the backoff after a failed claim (tests inject one).
+    """
     import httpx
 
     stop = _Stop()
     handled = 0
+    health = LoopHealth(
+        f"worker {config.worker_id}",
+        logger=log,
+        backoff=_CLAIM_BACKOFF,
+        sleep=sleep,
+        unavailable=(ControlPlaneUnavailable,),
+    )
+    health.running = True
     async with (
         httpx.AsyncClient(timeout=config.request_timeout_seconds) as http,
         anyio.create_task_group() as group,
@@ -238,7 +261,6 @@ async def run_worker(config: WorkerConfig, token: str, operators: OperatorRegist
         log.info(
             "worker %s polling %s at %s", config.worker_id, ",".join(config.streams), config.api
         )
-        retry = 0
         with stop.everything:
             while not stop.requested and (config.max_tasks is None or handled < config.max_tasks):
                 claim: ClaimResult | None = None
@@ -247,18 +269,20 @@ async def run_worker(config: WorkerConfig, token: str, operators: OperatorRegist
                         claim = await streams.claim(
                             config.worker_id, config.streams, config.max_wait_ms
                         )
-                        retry = 0
+                        health.succeeded()
                     except ControlPlaneUnavailable as exc:
-                        retry += 1
-                        delay = _CLAIM_BACKOFF.delay(retry).total_seconds()
-                        log.warning("claim: %s; retrying in %.2fs", exc, delay)
-                        await anyio.sleep(delay)
+                        await health.backoff_after(exc)
                 if claim is None:
                     continue
                 # From here the task runs to its report even if a signal arrives.
                 stop.idle = anyio.CancelScope()
                 client.hand_over(claim)
-                outcome = await wrapper.handle_wakeup(claim.task_id)
+                try:
+                    outcome = await wrapper.handle_wakeup(claim.task_id)
+                except ControlPlaneUnavailable as exc:
+                    # Its report could not be delivered within the retry budget:
+                    # the lease expires and the task is retried elsewhere.
+                    outcome = f"abandoned ({exc})"
                 handled += 1
                 log.info("task %s attempt %d: %s", claim.task_id, claim.attempt, outcome)
         group.cancel_scope.cancel()

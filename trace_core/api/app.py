@@ -17,6 +17,7 @@ and on every route its scheme: the internal bearer, or the capability header.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -32,7 +33,7 @@ from trace_core.api.errors import install_error_handlers
 from trace_core.api.fields import MAX_WAIT_MS
 from trace_core.api.internal import internal_router
 from trace_core.api.limits import BodyLimit
-from trace_core.api.ops import ops_router
+from trace_core.api.ops import health_router, ops_router
 from trace_core.api.query import QueryService, query_router
 from trace_core.api.streams import StreamClaimer
 from trace_core.api.task_scoped import task_router
@@ -44,6 +45,8 @@ from trace_core.security.minting import CredentialMinter
 from trace_core.security.verifier import TokenVerifier
 
 __all__ = ["ApiConfig", "create_app"]
+
+log = logging.getLogger("trace_core.api")
 
 _BEARER = "internalBearer"
 _CAPABILITY = "taskCapability"
@@ -90,6 +93,7 @@ def create_app(
     minter: CredentialMinter | None = None,
     buffer: DatasetBuffer | None = None,
     query: QueryService | None = None,
+    on_dispatcher_failure: Callable[[BaseException], None] | None = None,
 ) -> FastAPI:
     """The control-plane app on ``dispatcher``.
 
@@ -97,8 +101,14 @@ def create_app(
     characters) but the task-scoped ones; ``jwks`` returns the document
     served at ``/internal/jwks/task`` (default: no keys). With
     ``run_dispatcher`` the app's lifespan runs the Dispatcher's services
-    (``start`` on startup, ``stop`` on shutdown); otherwise whoever embeds
-    the app runs them.
+    (``start`` on startup, ``stop`` on shutdown) and ``/readyz`` requires
+    them; otherwise whoever embeds the app runs them, and ``/readyz`` only
+    reports them (:func:`~trace_core.api.ops.health_router`).
+    ``on_dispatcher_failure`` is called should the services' task group end
+    with an error while the app serves (no service loop is meant to: each
+    backs off and carries on), so that the embedder stops the server rather
+    than answering HTTP with no Dispatcher behind it; ``trace-lite serve``
+    exits with the error.
 
     With a ``verifier``, ``/v1/task/heartbeat``, ``complete`` and ``events``
     are mounted, authorized by capability tokens only; with a ``minter``
@@ -122,7 +132,7 @@ def create_app(
         summary="Internal task, worker v1 and operations endpoints of the Dispatcher",
         docs_url=None,  # the interactive docs load scripts from a CDN; not on an internal port
         redoc_url=None,
-        lifespan=_running(dispatcher) if run_dispatcher else None,
+        lifespan=_running(dispatcher, on_dispatcher_failure) if run_dispatcher else None,
     )
     install_error_handlers(app, retry_after_seconds=cfg.retry_after_seconds)
     claimer = StreamClaimer(
@@ -134,6 +144,13 @@ def create_app(
     app.include_router(internal_router(dispatcher, jwks=jwks))
     app.include_router(worker_router(dispatcher, claimer, max_wait_ms=cfg.max_wait_ms))
     app.include_router(ops_router(dispatcher))
+    app.include_router(
+        health_router(
+            dispatcher,
+            services_required=run_dispatcher,
+            retry_after_seconds=cfg.retry_after_seconds,
+        )
+    )
     if verifier is not None:
         app.include_router(task_router(dispatcher, minter=minter, buffer=buffer))
         if query is not None:
@@ -155,18 +172,28 @@ def create_app(
     return app
 
 
-def _running(dispatcher: Dispatcher) -> Callable[[FastAPI], Any]:
+def _running(
+    dispatcher: Dispatcher, on_failure: Callable[[BaseException], None] | None
+) -> Callable[[FastAPI], Any]:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        async with anyio.create_task_group() as group:
-            await dispatcher.start(group)
-            try:
-                yield
-            finally:
-                await dispatcher.stop()
-                # In-process tasks still running are abandoned here: their
-                # leases expire and the next Dispatcher retries them.
-                group.cancel_scope.cancel()
+        try:
+            async with anyio.create_task_group() as group:
+                await dispatcher.start(group)
+                try:
+                    yield
+                finally:
+                    await dispatcher.stop()
+                    # In-process tasks still running are abandoned here: their
+                    # leases expire and the next Dispatcher retries them.
+                    group.cancel_scope.cancel()
+        except Exception as exc:
+            # Not one service loop lets an error out; should one do it anyway,
+            # the server must not keep answering with no Dispatcher behind it.
+            log.critical("the Dispatcher's services failed", exc_info=exc)
+            if on_failure is not None:
+                on_failure(exc)
+            raise
 
     return lifespan
 

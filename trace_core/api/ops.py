@@ -1,4 +1,4 @@
-"""Operations: explain a job, scrape metrics, trigger a manual source.
+"""Operations: explain a job, scrape metrics, trigger a manual source, health.
 
 =============================  ==============================================
 route                          answers
@@ -12,7 +12,25 @@ route                          answers
                                backpressure); ``{events}``: the accepted
                                manual events; 400 (neither or both, not a
                                manual source, ambiguous name); 404 no such job
+``GET /healthz``               200 ``{"status": "alive"}``: liveness. The
+                               process serves requests; it reads no database,
+                               so an outage does not make an orchestrator
+                               restart a server that will recover by itself.
+``GET /readyz``                200 ready, else 503 with ``Retry-After``:
+                               readiness. The state database answers a
+                               ``SELECT 1`` and, when the app runs the
+                               Dispatcher, every service loop runs and its
+                               last round succeeded; the body gives
+                               ``database`` and each service's state
 =============================  ==============================================
+
+Why both, and why a service failure is a readiness matter: no service loop
+of the Dispatcher ends on an error (each backs off and carries on by itself,
+:class:`~trace_core.outage.LoopHealth`), so a process is never left serving
+HTTP with a dead Dispatcher behind it; a loop that keeps failing shows in
+``/readyz`` (``healthy: false``, ``failures``, the type of ``last_error``;
+the message is in the log, not in the answer). Both routes are behind the
+internal token like every other (a probe sends the header).
 """
 
 from __future__ import annotations
@@ -22,7 +40,7 @@ import uuid
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
-from fastapi.responses import PlainTextResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 
 from trace_core.api.errors import ERROR_RESPONSES
 from trace_core.api.fields import Name
@@ -31,9 +49,9 @@ from trace_core.api.models import ErrorBody, TriggerRequest, TriggerResponse
 from trace_core.dispatcher.explain import Explanation
 from trace_core.dispatcher.metrics import CONTENT_TYPE
 from trace_core.dispatcher.service import Dispatcher
-from trace_core.errors import ConfigurationError, InvalidInput
+from trace_core.errors import ConfigurationError, DatabaseUnavailable, InvalidInput
 
-__all__ = ["ops_router"]
+__all__ = ["health_router", "ops_router"]
 
 _NOT_FOUND: dict[int | str, dict[str, Any]] = {
     404: {"model": ErrorBody, "description": "No such job"}
@@ -100,3 +118,52 @@ def ops_router(dispatcher: Dispatcher) -> APIRouter:
         )
 
     return router
+
+
+def health_router(
+    dispatcher: Dispatcher, *, services_required: bool, retry_after_seconds: int
+) -> APIRouter:
+    """``/healthz`` and ``/readyz`` (the module docstring) on ``dispatcher``.
+
+    ``services_required``: the app runs the Dispatcher's services, so
+    readiness requires them; otherwise they are reported only.
+    """
+    router = APIRouter(tags=["health"], responses=ERROR_RESPONSES)
+
+    @router.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        """Liveness: the process answers (no database read)."""
+        return {"status": "alive"}
+
+    @router.get(
+        "/readyz",
+        responses={503: {"description": "Not ready: database down or a service failing"}},
+    )
+    async def readyz() -> JSONResponse:
+        """Readiness: the database answers and the Dispatcher's services run."""
+        try:
+            await dispatcher.repo.ping()
+            database = "ok"
+        except DatabaseUnavailable:
+            database = "unavailable"
+        services = {
+            name: {**state, "last_error": _error_type(state["last_error"])}
+            for name, state in dispatcher.health().items()
+        }
+        ready = database == "ok" and (
+            not services_required or all(state["healthy"] for state in services.values())
+        )
+        body = {
+            "status": "ready" if ready else "not_ready",
+            "database": database,
+            "services": services,
+        }
+        headers = None if ready else {"Retry-After": str(retry_after_seconds)}
+        return JSONResponse(body, status_code=200 if ready else 503, headers=headers)
+
+    return router
+
+
+def _error_type(last_error: str | None) -> str | None:
+    """Only the exception's type: its message may name hosts and paths."""
+    return None if last_error is None else last_error.partition(":")[0]

@@ -17,16 +17,20 @@ database.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 import anyio
 import anyio.abc
 
 from trace_core.dag import LIVE_JOBS_CHANNEL
+from trace_core.outage import LoopHealth
 from trace_core.storage.protocol import Repository
 from trace_core.wakeup import Subscription
 
 __all__ = ["LiveJobsWatcher"]
+
+log = logging.getLogger(__name__)
 
 
 class LiveJobsWatcher:
@@ -37,6 +41,9 @@ class LiveJobsWatcher:
         self.on_change = on_change
         self._scope: anyio.CancelScope | None = None
         self._stopped: anyio.Event | None = None
+        self.health = LoopHealth("live jobs watcher", logger=log)
+        """Whether the watch runs. It reads no database (the wake-ups come from
+        the in-process hub, fed by the listener), so an outage does not touch it."""
 
     async def start(self, task_group: anyio.abc.TaskGroup) -> None:
         """Subscribe (in effect on return), then watch in ``task_group``."""
@@ -48,13 +55,22 @@ class LiveJobsWatcher:
     async def _watch(
         self, subscription: Subscription, scope: anyio.CancelScope, stopped: anyio.Event
     ) -> None:
+        self.health.running = True
         try:
             with scope:
                 while True:
                     # The bound only keeps the wait finite; a timeout means nothing.
-                    if await subscription.wait(3600.0):
+                    if not await subscription.wait(3600.0):
+                        continue
+                    try:
                         self.on_change()
+                        self.health.succeeded()
+                    except Exception as exc:
+                        # A wake-up is a hint: the woken loops catch up on
+                        # their interval anyway. Watching goes on.
+                        self.health.failed(exc)
         finally:
+            self.health.running = False
             stopped.set()
 
     async def stop(self) -> None:

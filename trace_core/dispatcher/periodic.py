@@ -19,6 +19,7 @@ import anyio
 import anyio.abc
 
 from trace_core.errors import ConfigurationError
+from trace_core.outage import LoopHealth
 
 __all__ = ["PeriodicService", "require_positive"]
 
@@ -35,9 +36,12 @@ class PeriodicService(ABC):
     """The shape of every Dispatcher sweeper: ``run_once()`` on an interval.
 
     ``start(task_group)`` runs the loop, ``stop()`` ends it after the current
-    pass, ``wake()`` makes the next pass start now. A failing pass is logged
-    and retried on the next tick: a transient database error must not end the
-    Dispatcher's reaper for good.
+    pass, ``wake()`` makes the next pass start now. A failing pass never ends
+    the loop: a database outage (or a bug) must not end the Dispatcher's reaper
+    for good. The loop backs off with jitter instead of waiting its interval
+    (:class:`~trace_core.outage.LoopHealth`: the first failure of a streak is
+    logged, not every retry) and carries on by itself once a pass succeeds
+    again; :attr:`health` is what the readiness endpoint reports.
     """
 
     def __init__(self, interval_seconds: float) -> None:
@@ -48,6 +52,8 @@ class PeriodicService(ABC):
         self._wake_requested = False
         self._waiting: anyio.CancelScope | None = None
         self._stopped: anyio.Event | None = None
+        self.health = LoopHealth(type(self).__name__, logger=log)
+        """The loop's failure streak and backoff (its ``sleep`` may be replaced by tests)."""
 
     def stopping(self) -> bool:
         """Whether :meth:`stop` was called (a call: it changes while ``run`` awaits)."""
@@ -60,23 +66,32 @@ class PeriodicService(ABC):
     async def run(self) -> None:
         """Call :meth:`run_once` every interval until :meth:`stop`."""
         self._stopped = anyio.Event()
+        self.health.running = True
         try:
             while not self.stopping():
                 # Cleared before the pass, not after: a wake-up that arrives
                 # while the pass runs may concern what it has already read.
                 self._wake_requested = False
+                failure: Exception | None = None
                 try:
                     await self.run_once()
-                except Exception:
-                    log.exception("%s pass failed; retrying next tick", type(self).__name__)
+                    self.health.succeeded()
+                except Exception as exc:
+                    failure = exc
                 if self.stopping():
                     break
-                if self._wake_requested:
+                if failure is None and self._wake_requested:
                     continue
                 with anyio.CancelScope() as self._waiting:
-                    await anyio.sleep(self._interval)
+                    if failure is not None:
+                        # Not the interval: the database may be back in a
+                        # second, and the reaper must not wait a minute for it.
+                        await self.health.backoff_after(failure)
+                    else:
+                        await anyio.sleep(self._interval)
                 self._waiting = None
         finally:
+            self.health.running = False
             self._stopped.set()
 
     def wake(self) -> None:

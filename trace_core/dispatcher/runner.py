@@ -16,6 +16,7 @@ Operators are written against :mod:`trace_core.authoring` (``TaskContext``,
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -32,6 +33,8 @@ from trace_core.worker.retrying import RetryingClient
 from trace_core.worker.wrapper import CredentialSource, WorkerWrapper
 
 __all__ = ["InProcessRunner", "RunnerConfig"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -131,6 +134,18 @@ class InProcessRunner:
     async def _run_counted(self, task_id: uuid.UUID) -> None:
         try:
             await self.run_task(task_id)
+        except Exception as exc:
+            # Runs in the Dispatcher's task group: an error escaping here would
+            # cancel every other service. The task's lease expires and the
+            # reaper retries it, as after a crash of this process.
+            outcome = "errored"
+            self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
+            log.warning(
+                "in-process task %s ended with %s: %s; left to its lease",
+                task_id,
+                type(exc).__name__,
+                exc,
+            )
         finally:
             self._in_flight -= 1
             if not self._in_flight and self._idle is not None:

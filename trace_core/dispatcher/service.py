@@ -18,6 +18,7 @@ by other processes, such as ``trace-lite dag deploy``
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -59,6 +60,8 @@ if TYPE_CHECKING:
     from trace_core.worker.wrapper import CredentialSource
 
 __all__ = ["Dispatcher", "DispatcherConfig"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -234,10 +237,28 @@ class Dispatcher:
             await service.start(task_group)
 
     async def stop(self) -> None:
-        """Drain sources, then stop every loop (each finishes its current round)."""
-        await self.sources.drain()
+        """Drain sources, then stop every loop (each finishes its current round).
+
+        A drain that fails (the database is down) is logged and the loops are
+        stopped all the same: a shutdown must not hang on an outage.
+        """
+        try:
+            await self.sources.drain()
+        except Exception as exc:
+            log.warning("stopping without draining sources: %s: %s", type(exc).__name__, exc)
         for service in reversed(self._services()):
             await service.stop()
+
+    def health(self) -> dict[str, dict[str, Any]]:
+        """Each service loop's state (:meth:`~trace_core.outage.LoopHealth.snapshot`).
+
+        No service loop ends on an error: each backs off and carries on by
+        itself (an outage or a bug alike), so a failure shows here as
+        ``healthy: false`` with its ``last_error`` rather than as a dead
+        loop behind a live HTTP server. ``running: false`` means the loop is
+        not started (or was stopped).
+        """
+        return {service.health.name: service.health.snapshot() for service in self._services()}
 
     def _services(self) -> list[Any]:
         # The watcher first: a change committed while the others start wakes them.

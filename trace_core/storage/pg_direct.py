@@ -158,12 +158,20 @@ class DirectPool:
             and not conn.closed
             and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
         )
+        stale: list[psycopg.AsyncConnection[Any]] = [conn]
         with self._lock:
             if reusable and not self._closed and len(self._idle) < self._max_idle:
                 self._idle.append(conn)
                 return
+            if conn.broken:
+                # The server went away (a restart, a failover): the idle
+                # connections opened before are as dead as this one. Dropped
+                # now, they do not fail one call each after it is back.
+                stale += self._idle
+                self._idle = []
         with anyio.CancelScope(shield=True):
-            await conn.close()
+            for dead in stale:
+                await dead.close()
 
     async def close(self) -> None:
         """Close every idle connection; calls after this are refused."""

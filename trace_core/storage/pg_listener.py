@@ -2,9 +2,12 @@
 
 A daemon thread holds one autocommit psycopg connection, LISTENs on the
 channels asked for, and fires the :class:`~trace_core.wakeup.WakeupHub` for
-each notification. It reconnects after a failure; while it is down, waiters
-still wake on their bounded poll interval, so a lost notification costs
-latency, never correctness.
+each notification. It reconnects after a failure, for as long as the
+repository lives: the first failure of an outage is logged, later attempts
+are not, and they are spaced by the jittered backoff of
+:class:`~trace_core.outage.LoopHealth`; the reconnection is logged once too.
+While it is down, waiters still wake on their bounded poll interval, so a
+lost notification costs latency, never correctness.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import threading
 import psycopg
 from psycopg import sql
 
+from trace_core.outage import LoopHealth
 from trace_core.storage.url import DatabaseURL
 from trace_core.wakeup import WakeupHub
 
@@ -37,6 +41,8 @@ class PgListener:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._changed = threading.Event()
+        self.health = LoopHealth("wake-up listener", logger=log, unavailable=(psycopg.Error,))
+        """The listener's connection state (its thread updates it)."""
         self._thread = threading.Thread(target=self._run, name="trace-pg-listener", daemon=True)
         self._thread.start()
 
@@ -59,17 +65,21 @@ class PgListener:
         self._thread.join(timeout=5)
 
     def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self._serve()
-            except psycopg.Error as exc:
-                log.warning(
-                    "wake-up listener lost its connection (%s); reconnecting", type(exc).__name__
-                )
-                self._stop.wait(1.0)
+        self.health.running = True
+        try:
+            while not self._stop.is_set():
+                try:
+                    self._serve()
+                except Exception as exc:
+                    # Anything, not only the driver's errors: the thread is the
+                    # only listener of the process and must not end but on stop().
+                    self._stop.wait(self.health.failed(exc))
+        finally:
+            self.health.running = False
 
     def _serve(self) -> None:
         with psycopg.connect(self._conninfo, autocommit=True) as conn:
+            self.health.succeeded()
             listening: set[str] = set()
             with self._lock:
                 for event in self._active.values():

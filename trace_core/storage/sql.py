@@ -618,6 +618,16 @@ def _notify_all(channels: tuple[str, ...]) -> sa.Select[Any]:
     return sa.select(*(sa.func.pg_notify(ch, "") for ch in channels))
 
 
+async def _rollback_quietly(conn: AsyncConnection) -> None:
+    """Roll back after an error; a rollback that fails too (the server is gone)
+    must not hide the error that caused it: the connection is invalidated
+    instead, so that the pool never hands it out again."""
+    try:
+        await conn.rollback()
+    except sa.exc.DBAPIError:
+        await conn.invalidate()
+
+
 class SqlRepository:
     """A Trace database on SQLite or Postgres, reached through SQLAlchemy."""
 
@@ -652,7 +662,14 @@ class SqlRepository:
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[SqlTransaction]:
-        """A write transaction; its channels are notified after commit."""
+        """A write transaction; its channels are notified after commit.
+
+        Like every scope of this class, a driver error raised in its body (a
+        statement of the caller's own, outside the protocol operations) leaves
+        it translated (:func:`~trace_core.storage.sql_errors.translate_errors`):
+        an outage as :class:`~trace_core.errors.DatabaseUnavailable`, a
+        constraint violation as :class:`~trace_core.errors.DuplicateItem`.
+        """
         if self._write_lock is not None:
             async with self._write_lock, self._open(write=True) as tx:
                 yield tx
@@ -675,14 +692,15 @@ class SqlRepository:
             return
         assert self._direct is not None  # Postgres: made with the repository
         tx = SqlTransaction(None, self, direct=self._direct)
-        try:
-            yield tx
-            pending = tx.channels - tx.notified
-            if pending:
-                with translate_errors("notify"):
-                    await self._direct.fetch(_notify_all(tuple(sorted(pending))), {})
-        finally:
-            await tx.release()
+        with translate_errors("statement"):
+            try:
+                yield tx
+                pending = tx.channels - tx.notified
+                if pending:
+                    with translate_errors("notify"):
+                        await self._direct.fetch(_notify_all(tuple(sorted(pending))), {})
+            finally:
+                await tx.release()
         for channel in tx.channels:
             self.hub.fire(channel)
 
@@ -695,17 +713,18 @@ class SqlRepository:
         async with self._write_lock:
             scope = self._sqlite.scope()
             tx = SqlTransaction(None, self, sqlite=scope)
-            try:
-                yield tx
-                # A scope cancelled before its commit rolls back, as on the
-                # async path, even if the cancellation came while a statement
-                # ran on its thread (it is only delivered at the next checkpoint).
-                await anyio.lowlevel.checkpoint_if_cancelled()
-            except BaseException:
-                await scope.finish(commit=False)
-                raise
-            with translate_errors("commit"):
-                await scope.finish(commit=True)
+            with translate_errors("statement"):
+                try:
+                    yield tx
+                    # A scope cancelled before its commit rolls back, as on the
+                    # async path, even if the cancellation came while a statement
+                    # ran on its thread (it is only delivered at the next checkpoint).
+                    await anyio.lowlevel.checkpoint_if_cancelled()
+                except BaseException:
+                    await scope.finish(commit=False)
+                    raise
+                with translate_errors("commit"):
+                    await scope.finish(commit=True)
         for channel in tx.channels:
             self.hub.fire(channel)
 
@@ -719,13 +738,14 @@ class SqlRepository:
                 yield tx
             return
         conn = await self.connect_autocommit()
-        try:
-            tx = SqlTransaction(conn, self)
-            yield tx
-            await self._notify(conn, tx)
-        finally:
-            with anyio.CancelScope(shield=True):
-                await conn.close()
+        with translate_errors("autocommit"):
+            try:
+                tx = SqlTransaction(conn, self)
+                yield tx
+                await self._notify(conn, tx)
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await conn.close()
         for channel in tx.channels:
             self.hub.fire(channel)
 
@@ -733,12 +753,12 @@ class SqlRepository:
         """A pooled SQLAlchemy connection in autocommit mode (Postgres)."""
         with translate_errors("connect"):
             conn = await self.engine.connect()
-        try:
-            await conn.execution_options(isolation_level="AUTOCOMMIT")
-        except BaseException:
-            with anyio.CancelScope(shield=True):
-                await conn.close()
-            raise
+            try:
+                await conn.execution_options(isolation_level="AUTOCOMMIT")
+            except BaseException:
+                with anyio.CancelScope(shield=True):
+                    await conn.close()
+                raise
         return conn
 
     async def _notify(self, conn: AsyncConnection, tx: SqlTransaction) -> None:
@@ -758,27 +778,37 @@ class SqlRepository:
     async def _open(self, *, write: bool) -> AsyncIterator[SqlTransaction]:
         with translate_errors("connect"):
             conn = await self.engine.connect()
-        try:
-            if self.engine_name == "sqlite":
-                mode = "IMMEDIATE" if write else "DEFERRED"
-                await conn.execution_options(**{SQLITE_BEGIN: mode})
-            with translate_errors("begin"):
-                await conn.begin()
-            tx = SqlTransaction(conn, self)
+        # The whole scope, its body included: a failing statement of the
+        # caller's, or a rollback on a connection the server dropped, leaves
+        # as a core error, never as the driver's.
+        with translate_errors("transaction" if write else "read"):
             try:
-                yield tx
-                await self._notify(conn, tx)
-                with translate_errors("commit"):
-                    await conn.commit()
-            except BaseException:
+                if self.engine_name == "sqlite":
+                    mode = "IMMEDIATE" if write else "DEFERRED"
+                    await conn.execution_options(**{SQLITE_BEGIN: mode})
+                with translate_errors("begin"):
+                    await conn.begin()
+                tx = SqlTransaction(conn, self)
+                try:
+                    yield tx
+                    await self._notify(conn, tx)
+                    with translate_errors("commit"):
+                        await conn.commit()
+                except BaseException:
+                    with anyio.CancelScope(shield=True):
+                        await _rollback_quietly(conn)
+                    raise
+            finally:
                 with anyio.CancelScope(shield=True):
-                    await conn.rollback()
-                raise
-        finally:
-            with anyio.CancelScope(shield=True):
-                await conn.close()
+                    await conn.close()
         for channel in tx.channels:
             self.hub.fire(channel)
+
+    async def ping(self) -> None:
+        """One round trip to the database (``SELECT 1``), for readiness checks;
+        :class:`~trace_core.errors.DatabaseUnavailable` when it cannot be reached."""
+        async with self.read() as tx:
+            await tx.connection.execute(sa.select(sa.literal(1)))
 
     async def listen(self, channel: str, max_wait: float = 10.0) -> bool:
         """Make commits on ``channel`` in other processes wake this one.

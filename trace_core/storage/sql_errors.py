@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sqlite3
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -19,6 +21,10 @@ _UNAVAILABLE_STATES = ("08", "57P", "53", "40001", "40P01")
 @contextmanager
 def translate_errors(what: str) -> Iterator[None]:
     """Re-raise SQLAlchemy/driver errors from the block as :class:`TraceError`s.
+
+    SQLAlchemy's wrapped errors and the raw DB-API errors of sqlite3 and
+    psycopg alike: an outage is :class:`DatabaseUnavailable`, a constraint
+    violation :class:`DuplicateItem`, anything else :class:`StorageError`.
 
     The message names the operation and the driver's reason, never bound
     parameter values (they may hold payloads or tokens).
@@ -41,6 +47,34 @@ def translate_errors(what: str) -> Iterator[None]:
         raise StorageError(f"{what}: {reason}") from exc
     except sa_exc.SQLAlchemyError as exc:
         raise StorageError(f"{what}: {exc.__class__.__name__}: {exc}") from exc
+    except _driver_errors() as exc:
+        # A driver error SQLAlchemy did not wrap (a connection used directly).
+        raise _translated_driver_error(what, exc) from exc
+
+
+def _driver_errors() -> tuple[type[Exception], ...]:
+    """The DB-API base errors of the drivers loaded in this process.
+
+    psycopg is looked up, not imported: it is an optional extra, and an error
+    of a driver that was never imported cannot occur.
+    """
+    psycopg = sys.modules.get("psycopg")
+    if psycopg is None:
+        return (sqlite3.Error,)
+    return (sqlite3.Error, psycopg.Error)
+
+
+def _translated_driver_error(what: str, exc: Exception) -> StorageError:
+    state = str(getattr(exc, "sqlstate", "") or "")
+    text = str(exc).strip().splitlines()
+    reason = f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+    # By the DB-API class names, which both drivers' hierarchies share.
+    kinds = {cls.__name__ for cls in type(exc).__mro__}
+    if "IntegrityError" in kinds or state.startswith("23"):
+        return DuplicateItem(f"{what}: constraint violated: {reason}")
+    if "OperationalError" in kinds or state.startswith(_UNAVAILABLE_STATES):
+        return DatabaseUnavailable(f"{what}: database unavailable: {reason}")
+    return StorageError(f"{what}: {reason}")
 
 
 def _reason(exc: sa_exc.DBAPIError) -> str:
