@@ -130,9 +130,9 @@ class DeployOps(Protocol):
         """Serialize changes to the versions of one DAG until the transaction ends.
 
         A second transaction taking the same lock waits for the first to
-        commit or roll back. (On SQLite every write transaction is already
-        serialized by ``BEGIN IMMEDIATE``; in a read transaction this is a
-        no-op there.)
+        commit or roll back; taking it again in the same transaction is a
+        no-op. On SQLite this takes nothing: its write transactions are
+        already serialized by ``BEGIN IMMEDIATE``.
         """
         ...
 
