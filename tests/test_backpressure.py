@@ -575,7 +575,7 @@ jobs:
 async def test_a_deployed_dag_gets_backpressure(repo: SqlRepository, clock: ManualClock) -> None:
     await deploy(repo, parse_dag(PIPE), clock=clock)
     async with repo.read() as tx:
-        ids = {job.job_name: job.job_id for job in await live_jobs(tx.connection)}
+        ids = {job.job_name: job.job_id for job in await live_jobs(tx)}
     tq = TaskQueue(repo, clock=clock)
     monitor = BackpressureMonitor(repo, clock=clock)
     await queue_tasks(tq, ids["aggregate"], 2)

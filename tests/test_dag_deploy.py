@@ -382,7 +382,7 @@ async def cover_everything(repo: SqlRepository, v1: DeployResult, v2: DeployResu
 
 async def live_jobs_of(repo: SqlRepository) -> list[Any]:
     async with repo.read() as tx:
-        return await live_jobs(tx.connection)
+        return await live_jobs(tx)
 
 
 async def test_promote_waits_until_the_new_versions_cover_the_current_ones(

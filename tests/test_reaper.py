@@ -67,7 +67,7 @@ class Setup:
     async def deploy(self) -> None:
         await deploy(self.repo, parse_dag(DAG), clock=self.clock)
         async with self.repo.read() as t:
-            self.jobs = {j.job_name: j for j in await live_jobs(t.connection)}
+            self.jobs = {j.job_name: j for j in await live_jobs(t)}
 
     async def task_of(self, name: str) -> uuid.UUID:
         job = self.jobs[name]

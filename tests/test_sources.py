@@ -121,7 +121,7 @@ class Platform:
         """Claim as the claim path does: with the job's heartbeat timeout as lease."""
         job_id = (await self.task(task_id)).job_id
         async with self.repo.read() as t:
-            [job] = [j for j in await live_jobs(t.connection) if j.job_id == job_id]
+            [job] = [j for j in await live_jobs(t) if j.job_id == job_id]
         outcome = await self.tasks.leases.claim(
             task_id, worker, lease_seconds=lease_seconds_for(job)
         )
@@ -739,7 +739,7 @@ async def test_a_deploy_by_another_process_wakes_a_running_dispatcher(
         done = await anyio.run_process([*command, "--db", database_url], check=False)
         assert done.returncode == 0, done.stderr.decode()
         async with repo.read() as t:
-            [follow] = [j.job_id for j in await live_jobs(t.connection) if j.job_name == "follow"]
+            [follow] = [j.job_id for j in await live_jobs(t) if j.job_name == "follow"]
 
         async def started() -> bool:
             return len(await platform.tasks_of(follow)) == 1

@@ -106,13 +106,13 @@ async def _validate_against_db(document: DagDocument, url: str, org: str | None)
     repo = SqlRepository(url)
     try:
         async with repo.read() as tx:
-            org_id = await find_org(tx.connection, org or spec.org or "default")
+            org_id = await find_org(tx, org or spec.org or "default")
             names: set[str] = set()
             registered = []
             if org_id is not None:
-                names = await all_dataset_names(tx.connection, org_id)
+                names = await all_dataset_names(tx, org_id)
                 registered = await registered_datasets(
-                    tx.connection, org_id, names=wanted, producer_dag=spec.dag
+                    tx, org_id, names=wanted, producer_dag=spec.dag
                 )
     finally:
         await repo.close()

@@ -30,14 +30,12 @@ from dataclasses import dataclass
 from typing import Literal, Protocol, runtime_checkable
 
 import anyio
-import sqlalchemy as sa
 
 from trace_core.dispatcher.control import ClaimedTask
 from trace_core.dispatcher.runtimes import RuntimeKind
 from trace_core.dispatcher.service import Dispatcher
 from trace_core.errors import InvalidInput
-from trace_core.storage import schema
-from trace_core.storage.sql_leasing import status_in
+from trace_core.storage.ports import RuntimeRoute
 from trace_core.tasks import TASKS_CHANNEL
 
 __all__ = ["StreamClaim", "StreamClaimer", "WakeupReceiver"]
@@ -54,7 +52,7 @@ class WakeupReceiver(Protocol):
         ...
 
 
-Matcher = tuple[str, str | None]
+Matcher = RuntimeRoute
 """(runtime name, operator or ``None`` for any operator)."""
 
 
@@ -152,19 +150,5 @@ class StreamClaimer:
 
     async def _queued(self, matchers: list[Matcher]) -> list[uuid.UUID]:
         """The oldest queued tasks of the jobs routed to one stream, in claim order."""
-        t, j = schema.tasks, schema.jobs
-        routed = [
-            j.c.runtime == name
-            if operator is None
-            else sa.and_(j.c.runtime == name, j.c.operator == operator)
-            for name, operator in matchers
-        ]
-        stmt = (
-            sa.select(t.c.id)
-            .join(j, j.c.id == t.c.job_id)
-            .where(status_in(t.c.status, "Queued"), sa.or_(*routed))
-            .order_by(t.c.queued_at, t.c.id)
-            .limit(self.fallback_scan)
-        )
         async with self.dispatcher.repo.read() as tx:
-            return list((await tx.connection.execute(stmt)).scalars())
+            return await tx.tasks.oldest_queued(matchers, limit=self.fallback_scan)

@@ -32,30 +32,19 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-import sqlalchemy as sa
-from sqlalchemy.ext.asyncio import AsyncConnection
-
 from trace_core.clock import Clock
 from trace_core.dag.coverage import Coverage, covers, read_coverage
 from trace_core.dag.live import LIVE_JOBS_CHANNEL
-from trace_core.dag.registry import (
-    Pointers,
-    current_version_id,
-    find_org,
-    lock_dag,
-    pointers,
-    producers_current_pointers,
-)
+from trace_core.dag.registry import find_org
 from trace_core.errors import ConfigurationError, NotFound
-from trace_core.storage import schema
-from trace_core.storage.sql import SqlRepository, SqlTransaction
+from trace_core.storage.ports import DagVersionRow
+from trace_core.storage.protocol import Repository, Transaction
 from trace_core.tasks import TaskQueue
 
 __all__ = [
     "CancelTasks",
     "RollbackResult",
     "abandon_versions",
-    "produced_pointers",
     "promote_if_caught_up",
     "refresh_external_pointers",
     "resolve_cancel",
@@ -80,21 +69,8 @@ class RollbackResult:
     """Tasks handed to ``cancel`` (unfinished tasks of abandoned jobs)."""
 
 
-async def produced_pointers(
-    conn: AsyncConnection, dag_version_id: uuid.UUID, dag_name: str
-) -> Pointers:
-    """The pointers of the datasets ``dag_name`` produces (external inputs left out)."""
-    p, d = schema.dag_version_datasets, schema.datasets
-    rows = await conn.execute(
-        sa.select(p.c.dataset_uuid, p.c.dataset_version)
-        .join(d, d.c.id == p.c.dataset_uuid)
-        .where(p.c.dag_version_id == dag_version_id, d.c.producer_dag_name == dag_name)
-    )
-    return {row[0]: row[1] for row in rows.all()}
-
-
 async def swap_current(
-    tx: SqlTransaction,
+    tx: Transaction,
     *,
     org_id: uuid.UUID,
     dag_name: str,
@@ -102,72 +78,31 @@ async def swap_current(
     now: datetime,
 ) -> uuid.UUID | None:
     """Make ``version_id`` current; the previous current is superseded. Returns it."""
-    conn = tx.connection
-    dv, cur = schema.dag_versions, schema.dag_current_versions
-    previous = await current_version_id(conn, org_id, dag_name)
-    await conn.execute(
-        tx.insert(cur)
-        .values(org_id=org_id, dag_name=dag_name, dag_version_id=version_id, updated_at=now)
-        .on_conflict_do_update(
-            index_elements=[cur.c.org_id, cur.c.dag_name],
-            set_={"dag_version_id": version_id, "updated_at": now},
-        )
-    )
+    deploy = tx.deploy
+    previous = await deploy.current_version_id(org_id, dag_name)
+    await deploy.set_current_version(org_id, dag_name, version_id, now=now)
     if previous is not None and previous != version_id:
-        await conn.execute(
-            sa.update(dv)
-            .where(dv.c.id == previous, dv.c.status == "current")
-            .values(status="superseded")
-        )
-    await conn.execute(
-        sa.update(dv).where(dv.c.id == version_id).values(status="current", activated_at=now)
-    )
-    await _repoint_consumers(conn, org_id, dag_name, version_id)
+        await deploy.mark_version_superseded_if_current(previous)
+    await deploy.mark_version_current(version_id, now=now)
+    # Consumers follow the producer's current version (see the module docstring).
+    produced = await deploy.produced_pointers(version_id, dag_name)
+    await deploy.repoint_live_consumers(org_id, dag_name, produced)
     return previous
 
 
-async def _repoint_consumers(
-    conn: AsyncConnection, org_id: uuid.UUID, dag_name: str, version_id: uuid.UUID
-) -> None:
-    dv, p = schema.dag_versions, schema.dag_version_datasets
-    consumers = sa.select(dv.c.id).where(
-        dv.c.org_id == org_id,
-        dv.c.dag_name != dag_name,
-        dv.c.status.in_(["current", "building"]),
-    )
-    for dataset_uuid, dataset_version in (
-        await produced_pointers(conn, version_id, dag_name)
-    ).items():
-        await conn.execute(
-            sa.update(p)
-            .where(
-                p.c.dataset_uuid == dataset_uuid,
-                p.c.dag_version_id.in_(consumers),
-                p.c.dataset_version != dataset_version,
-            )
-            .values(dataset_version=dataset_version)
-        )
-
-
 async def refresh_external_pointers(
-    conn: AsyncConnection, org_id: uuid.UUID, dag_name: str, version_id: uuid.UUID
+    tx: Transaction, org_id: uuid.UUID, dag_name: str, version_id: uuid.UUID
 ) -> None:
     """Repoint a version's inputs from other DAGs at their producers' current versions."""
-    own = await produced_pointers(conn, version_id, dag_name)
-    external = [ds for ds in await pointers(conn, version_id) if ds not in own]
-    p = schema.dag_version_datasets
-    for dataset_uuid, dataset_version in (
-        await producers_current_pointers(conn, org_id, external)
-    ).items():
-        await conn.execute(
-            sa.update(p)
-            .where(p.c.dag_version_id == version_id, p.c.dataset_uuid == dataset_uuid)
-            .values(dataset_version=dataset_version)
-        )
+    deploy = tx.deploy
+    own = await deploy.produced_pointers(version_id, dag_name)
+    external = [ds for ds in await deploy.pointers(version_id) if ds not in own]
+    current = await deploy.producers_current_pointers(org_id, external)
+    await deploy.update_pointers(version_id, current)
 
 
 async def abandon_versions(
-    conn: AsyncConnection, version_ids: Sequence[uuid.UUID], *, keep: Collection[uuid.UUID]
+    tx: Transaction, version_ids: Sequence[uuid.UUID], *, keep: Collection[uuid.UUID]
 ) -> list[uuid.UUID]:
     """Mark versions abandoned; the unfinished tasks to cancel (see the module docstring).
 
@@ -175,59 +110,29 @@ async def abandon_versions(
     """
     if not version_ids:
         return []
-    dv, j, p, t = schema.dag_versions, schema.jobs, schema.dag_version_datasets, schema.tasks
-    await conn.execute(
-        sa.update(dv).where(dv.c.id.in_(list(version_ids))).values(status="abandoned")
-    )
-    written: dict[tuple[uuid.UUID, uuid.UUID], uuid.UUID] = {
-        (row[0], row[1]): row[2]
-        for row in (
-            await conn.execute(
-                sa.select(p.c.dag_version_id, p.c.dataset_uuid, p.c.dataset_version).where(
-                    p.c.dag_version_id.in_(list(version_ids))
-                )
-            )
-        ).all()
-    }
-    jobs = (
-        await conn.execute(
-            sa.select(j.c.id, j.c.dag_version_id, j.c.output_datasets).where(
-                j.c.dag_version_id.in_(list(version_ids))
-            )
-        )
-    ).all()
+    deploy = tx.deploy
+    await deploy.mark_versions_abandoned(version_ids)
+    written = await deploy.pointers_of_versions(version_ids)
     kept = set(keep)
     obsolete = [
-        job_id
-        for job_id, version_id, outputs in jobs
-        if not any(written.get((version_id, uuid.UUID(ds))) in kept for ds in outputs or [])
-    ]
-    if not obsolete:
-        return []
-    unfinished = sa.or_(
-        t.c.status.in_(["Queued", "Running"]),
-        sa.and_(t.c.status == "Failed", t.c.next_retry_at.is_not(None)),
-    )
-    rows = await conn.execute(
-        sa.select(t.c.id).where(t.c.job_id.in_(obsolete), unfinished).order_by(t.c.created_at)
-    )
-    return list(rows.scalars().all())
-
-
-async def _version_row(conn: AsyncConnection, version_id: uuid.UUID) -> tuple[uuid.UUID, str, str]:
-    dv = schema.dag_versions
-    row = (
-        await conn.execute(
-            sa.select(dv.c.org_id, dv.c.dag_name, dv.c.status).where(dv.c.id == version_id)
+        job.job_id
+        for job in await deploy.job_outputs(version_ids)
+        if not any(
+            written.get(job.dag_version_id, {}).get(ds) in kept for ds in job.output_datasets
         )
-    ).first()
+    ]
+    return await tx.tasks.unfinished_of_jobs(obsolete)
+
+
+async def _version_row(tx: Transaction, version_id: uuid.UUID) -> DagVersionRow:
+    row = await tx.deploy.version(version_id)
     if row is None:
         raise NotFound(f"dag version {version_id} does not exist")
-    return row[0], str(row[1]), str(row[2])
+    return row
 
 
 async def promote_if_caught_up(
-    repo: SqlRepository, dag_version_id: uuid.UUID, *, clock: Clock
+    repo: Repository, dag_version_id: uuid.UUID, *, clock: Clock
 ) -> bool:
     """Make a building version current once its new dataset versions cover the current ones.
 
@@ -238,18 +143,19 @@ async def promote_if_caught_up(
     True if the version is current afterwards (already, or swapped now).
     """
     async with repo.transaction() as tx:
-        conn = tx.connection
-        org_id, dag_name, _ = await _version_row(conn, dag_version_id)
-        await lock_dag(tx, org_id, dag_name)
-        status = (await _version_row(conn, dag_version_id))[2]  # re-read under the lock
+        deploy = tx.deploy
+        version = await _version_row(tx, dag_version_id)
+        org_id, dag_name = version.org_id, version.dag_name
+        await deploy.lock_dag_versions(org_id, dag_name)
+        status = (await _version_row(tx, dag_version_id)).status  # re-read under the lock
         if status != "building":
             return status == "current"
-        current = await current_version_id(conn, org_id, dag_name)
+        current = await deploy.current_version_id(org_id, dag_name)
         if current is not None:
-            new = await produced_pointers(conn, dag_version_id, dag_name)
-            old = await produced_pointers(conn, current, dag_name)
+            new = await deploy.produced_pointers(dag_version_id, dag_name)
+            old = await deploy.produced_pointers(current, dag_name)
             pairs = [(new[ds], old[ds]) for ds in new if ds in old and old[ds] != new[ds]]
-            progress = await read_coverage(conn, {v for pair in pairs for v in pair})
+            progress = await read_coverage(tx, {v for pair in pairs for v in pair})
             empty = Coverage()
             if not all(covers(progress.get(n, empty), progress.get(o, empty)) for n, o in pairs):
                 return False
@@ -261,7 +167,7 @@ async def promote_if_caught_up(
 
 
 async def rollback(
-    repo: SqlRepository,
+    repo: Repository,
     dag_name: str,
     *,
     org_slug: str = "default",
@@ -277,48 +183,28 @@ async def rollback(
     canceled through ``cancel`` (default: ``TaskQueue(repo, clock=clock).cancel``).
     """
     async with repo.transaction() as tx:
-        conn = tx.connection
-        org_id = await find_org(conn, org_slug)
+        deploy = tx.deploy
+        org_id = await find_org(tx, org_slug)
         if org_id is None:
             raise NotFound(f"org '{org_slug}' does not exist")
-        await lock_dag(tx, org_id, dag_name)
-        dv = schema.dag_versions
-        current = await current_version_id(conn, org_id, dag_name)
-        building = list(
-            (
-                await conn.execute(
-                    sa.select(dv.c.id).where(
-                        dv.c.org_id == org_id, dv.c.dag_name == dag_name, dv.c.status == "building"
-                    )
-                )
-            ).scalars()
-        )
+        await deploy.lock_dag_versions(org_id, dag_name)
+        current = await deploy.current_version_id(org_id, dag_name)
+        building = await deploy.version_ids_with_status(org_id, dag_name, "building")
         if building and current is not None:
             restored, abandoned = current, building
         else:
             if current is None:
                 raise NotFound(f"dag '{dag_name}' has no current version in org '{org_slug}'")
-            previous = (
-                await conn.execute(
-                    sa.select(dv.c.id)
-                    .where(
-                        dv.c.org_id == org_id,
-                        dv.c.dag_name == dag_name,
-                        dv.c.status == "superseded",
-                    )
-                    .order_by(sa.nulls_last(dv.c.activated_at.desc()), dv.c.created_at.desc())
-                    .limit(1)
-                )
-            ).scalar_one_or_none()
+            previous = await deploy.latest_superseded_version(org_id, dag_name)
             if previous is None:
                 raise ConfigurationError(f"dag '{dag_name}' has no earlier version to roll back to")
-            await refresh_external_pointers(conn, org_id, dag_name, previous)
+            await refresh_external_pointers(tx, org_id, dag_name, previous)
             await swap_current(
                 tx, org_id=org_id, dag_name=dag_name, version_id=previous, now=clock.now()
             )
             restored, abandoned = previous, [current]
-        keep = set((await pointers(conn, restored)).values())
-        to_cancel = await abandon_versions(conn, abandoned, keep=keep)
+        keep = set((await deploy.pointers(restored)).values())
+        to_cancel = await abandon_versions(tx, abandoned, keep=keep)
         tx.notify(LIVE_JOBS_CHANNEL)
     if to_cancel:
         await resolve_cancel(repo, clock, cancel)(
@@ -327,6 +213,6 @@ async def rollback(
     return RollbackResult(dag_name, org_slug, restored, tuple(abandoned), tuple(to_cancel))
 
 
-def resolve_cancel(repo: SqlRepository, clock: Clock, cancel: CancelTasks | None) -> CancelTasks:
+def resolve_cancel(repo: Repository, clock: Clock, cancel: CancelTasks | None) -> CancelTasks:
     """``cancel``, or the task queue's own cancellation when none is given."""
     return cancel if cancel is not None else TaskQueue(repo, clock=clock).cancel

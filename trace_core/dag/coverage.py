@@ -15,10 +15,7 @@ from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import sqlalchemy as sa
-from sqlalchemy.ext.asyncio import AsyncConnection
-
-from trace_core.storage import schema
+from trace_core.storage.protocol import Transaction
 
 __all__ = ["Coverage", "Range", "covers", "merge_ranges", "read_coverage"]
 
@@ -85,15 +82,8 @@ def covers(candidate: Coverage, baseline: Coverage) -> bool:
 
 
 async def read_coverage(
-    conn: AsyncConnection, versions: Collection[uuid.UUID]
+    tx: Transaction, versions: Collection[uuid.UUID]
 ) -> dict[uuid.UUID, Coverage]:
     """The recorded coverage of each of ``versions`` that has a progress row."""
-    if not versions:
-        return {}
-    g = schema.dataset_version_progress
-    rows = await conn.execute(
-        sa.select(g.c.dataset_version, g.c.ranges, g.c.max_cursor).where(
-            g.c.dataset_version.in_(list(versions))
-        )
-    )
-    return {row[0]: Coverage.of(row[1], row[2]) for row in rows.all()}
+    found = await tx.registry.dataset_version_progress(versions)
+    return {version: Coverage.of(p.ranges, p.max_cursor) for version, p in found.items()}

@@ -47,14 +47,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
 
-import sqlalchemy as sa
-from sqlalchemy.ext.asyncio import AsyncConnection
-
 from trace_core.clock import Clock
 from trace_core.dag.activation import (
     CancelTasks,
     abandon_versions,
-    produced_pointers,
     refresh_external_pointers,
     resolve_cancel,
     swap_current,
@@ -66,17 +62,13 @@ from trace_core.dag.problems import DagValidationError
 from trace_core.dag.registry import (
     Pointers,
     all_dataset_names,
-    current_version_id,
     ensure_org,
-    lock_dag,
-    pointers,
     registered_datasets,
     registry_problems,
 )
 from trace_core.dag.spec import DEFAULT_OPERATORS, DEFAULT_RUNTIMES
 from trace_core.dag.version_rows import DatasetPointer, dag_dataset_names, write_version
-from trace_core.storage import schema
-from trace_core.storage.sql import SqlRepository, SqlTransaction
+from trace_core.storage.protocol import Repository, Transaction
 
 __all__ = ["DatasetPointer", "DeployResult", "deploy"]
 
@@ -103,7 +95,7 @@ class DeployResult:
 
 
 async def deploy(
-    repo: SqlRepository,
+    repo: Repository,
     document: DagDocument,
     *,
     clock: Clock,
@@ -124,47 +116,36 @@ async def deploy(
     dag_hash = compute_yaml_hash(spec)
     now = clock.now()
     async with repo.transaction() as tx:
-        conn = tx.connection
         org_id = await ensure_org(tx, slug, now)
-        await lock_dag(tx, org_id, spec.dag)
-        dv = schema.dag_versions
-        same_yaml = (
-            await conn.execute(
-                sa.select(dv.c.id, dv.c.status)
-                .where(
-                    dv.c.org_id == org_id,
-                    dv.c.dag_name == spec.dag,
-                    sa.or_(dv.c.yaml_hash == dag_hash, dv.c.yaml_hash.like(f"{dag_hash}+%")),
-                )
-                .order_by(dv.c.created_at.desc())
-            )
-        ).all()
+        await tx.deploy.lock_dag_versions(org_id, spec.dag)
+        same_yaml = await tx.deploy.versions_with_yaml_hash(org_id, spec.dag, dag_hash)
         # An abandoned version is never brought back: its unfinished tasks were
         # canceled (a terminal state) and would block its units of work for good.
         # The same YAML deployed again after that is a fresh version (new jobs,
         # new tasks) recorded under the hash with a generation suffix.
-        existing = next((row for row in same_yaml if row[1] != "abandoned"), None)
+        existing = next((v for v in same_yaml if v.status != "abandoned"), None)
         stored_hash = f"{dag_hash}+{len(same_yaml)}" if same_yaml else dag_hash
-        if existing is not None and existing[1] in ("current", "building"):
-            jobs, datasets = await _summary(conn, existing[0], spec.dag)
+        if existing is not None and existing.status in ("current", "building"):
+            jobs, datasets = await _summary(tx, existing.version_id, spec.dag)
+            same: VersionStatus = "current" if existing.status == "current" else "building"
             return DeployResult(
-                existing[0], spec.dag, slug, dag_hash, existing[1], False, jobs, datasets
+                existing.version_id, spec.dag, slug, dag_hash, same, False, jobs, datasets
             )
         problems = document.recheck(
             operators=operators,
             runtimes=runtimes,
-            known_datasets=await all_dataset_names(conn, org_id),
+            known_datasets=await all_dataset_names(tx, org_id),
         )
         registered = await registered_datasets(
-            conn, org_id, names=dag_dataset_names(spec), producer_dag=spec.dag
+            tx, org_id, names=dag_dataset_names(spec), producer_dag=spec.dag
         )
         problems += registry_problems(document, registered)
         if any(p.severity == "error" for p in problems):
             raise DagValidationError(problems)
         if existing is not None:
-            version_id: uuid.UUID = existing[0]
-            await refresh_external_pointers(conn, org_id, spec.dag, version_id)
-            jobs, datasets = await _summary(conn, version_id, spec.dag)
+            version_id = existing.version_id
+            await refresh_external_pointers(tx, org_id, spec.dag, version_id)
+            jobs, datasets = await _summary(tx, version_id, spec.dag)
         else:
             version_id = uuid.uuid4()
             jobs, datasets = await write_version(
@@ -191,51 +172,32 @@ async def deploy(
 
 
 async def _activate(
-    tx: SqlTransaction, org_id: uuid.UUID, dag_name: str, version_id: uuid.UUID, now: datetime
+    tx: Transaction, org_id: uuid.UUID, dag_name: str, version_id: uuid.UUID, now: datetime
 ) -> tuple[VersionStatus, list[uuid.UUID], list[uuid.UUID]]:
     """Swap now or leave building; abandon any other building version."""
-    conn = tx.connection
-    dv = schema.dag_versions
-    current = await current_version_id(conn, org_id, dag_name)
-    new = await produced_pointers(conn, version_id, dag_name)
-    old: Pointers = await produced_pointers(conn, current, dag_name) if current else {}
-    others = list(
-        (
-            await conn.execute(
-                sa.select(dv.c.id).where(
-                    dv.c.org_id == org_id,
-                    dv.c.dag_name == dag_name,
-                    dv.c.status == "building",
-                    dv.c.id != version_id,
-                )
-            )
-        ).scalars()
-    )
-    keep = set(new.values()) | set((await pointers(conn, current)).values() if current else ())
-    to_cancel = await abandon_versions(conn, others, keep=keep)
+    deploy = tx.deploy
+    current = await deploy.current_version_id(org_id, dag_name)
+    new = await deploy.produced_pointers(version_id, dag_name)
+    old: Pointers = await deploy.produced_pointers(current, dag_name) if current else {}
+    others = [
+        v
+        for v in await deploy.version_ids_with_status(org_id, dag_name, "building")
+        if v != version_id
+    ]
+    keep = set(new.values()) | set((await deploy.pointers(current)).values() if current else ())
+    to_cancel = await abandon_versions(tx, others, keep=keep)
     if current is None or all(old.get(ds, v) == v for ds, v in new.items()):
         await swap_current(tx, org_id=org_id, dag_name=dag_name, version_id=version_id, now=now)
         return "current", others, to_cancel
-    await conn.execute(sa.update(dv).where(dv.c.id == version_id).values(status="building"))
+    await deploy.mark_version_building(version_id)
     return "building", others, to_cancel
 
 
 async def _summary(
-    conn: AsyncConnection, version_id: uuid.UUID, dag_name: str
+    tx: Transaction, version_id: uuid.UUID, dag_name: str
 ) -> tuple[dict[str, uuid.UUID], dict[str, DatasetPointer]]:
-    j, d = schema.jobs, schema.datasets
-    jobs = {
-        row[0]: row[1]
-        for row in (
-            await conn.execute(sa.select(j.c.name, j.c.id).where(j.c.dag_version_id == version_id))
-        ).all()
-    }
-    own = await produced_pointers(conn, version_id, dag_name)
-    names = {
-        row[0]: row[1]
-        for row in (
-            await conn.execute(sa.select(d.c.id, d.c.name).where(d.c.id.in_(list(own))))
-        ).all()
-    }
+    jobs = await tx.deploy.job_ids_by_name(version_id)
+    own = await tx.deploy.produced_pointers(version_id, dag_name)
+    names = await tx.registry.dataset_names_by_id(list(own))
     datasets = {names[ds]: DatasetPointer(ds, v, False) for ds, v in own.items()}
     return jobs, datasets

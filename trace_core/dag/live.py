@@ -6,8 +6,9 @@ have (they build the new generation while readers keep the current one). A
 building job whose outputs are all shared with the current version is not
 live: the current version's job already produces those dataset versions.
 
-Two queries, whatever the number of jobs: the jobs of current and building
-versions, and the pointer sets of those versions.
+Two port operations, whatever the number of jobs: the current and building
+versions with their pointer sets (``tx.deploy.live_versions``), and their jobs
+(``tx.deploy.live_version_jobs``).
 
 Every transaction that changes the live set (a deploy that changed anything,
 a promotion, a rollback) notifies :data:`LIVE_JOBS_CHANNEL`, so a running
@@ -22,11 +23,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-import sqlalchemy as sa
-from sqlalchemy.ext.asyncio import AsyncConnection
-
 from trace_core.dag.validate import INPUTS_WHERE_KEY
-from trace_core.storage import schema
+from trace_core.storage.protocol import Transaction
 
 __all__ = ["LIVE_JOBS_CHANNEL", "LiveJob", "live_jobs"]
 
@@ -71,66 +69,40 @@ class LiveJob:
     config: Mapping[str, Any] = field(default_factory=dict)
 
 
-async def live_jobs(conn: AsyncConnection) -> list[LiveJob]:
+async def live_jobs(tx: Transaction) -> list[LiveJob]:
     """Every live job (see the module docstring), ordered by DAG, role, job name."""
-    dv, j, p = schema.dag_versions, schema.jobs, schema.dag_version_datasets
-    live = dv.c.status.in_(["current", "building"])
-    ptr_rows = (
-        await conn.execute(
-            sa.select(
-                dv.c.id,
-                dv.c.org_id,
-                dv.c.dag_name,
-                dv.c.status,
-                p.c.dataset_uuid,
-                p.c.dataset_version,
-            )
-            .select_from(dv.outerjoin(p, p.c.dag_version_id == dv.c.id))
-            .where(live)
-        )
-    ).all()
-    by_version: dict[uuid.UUID, dict[uuid.UUID, uuid.UUID]] = {}
+    by_version: dict[uuid.UUID, Mapping[uuid.UUID, uuid.UUID]] = {}
     current_of: dict[tuple[uuid.UUID, str], uuid.UUID] = {}
-    for version_id, org_id, dag_name, status, dataset_uuid, dataset_version in ptr_rows:
-        mapping = by_version.setdefault(version_id, {})
-        if dataset_uuid is not None:
-            mapping[dataset_uuid] = dataset_version
-        if status == "current":
-            current_of[(org_id, dag_name)] = version_id
-    job_rows = (
-        await conn.execute(
-            sa.select(j, dv.c.status.label("version_status"))
-            .join(dv, dv.c.id == j.c.dag_version_id)
-            .where(live)
-            .order_by(j.c.org_id, j.c.dag_name, dv.c.status.desc(), j.c.name)
-        )
-    ).mappings()
+    for version in await tx.deploy.live_versions():
+        by_version[version.version_id] = version.pointers
+        if version.status == "current":
+            current_of[(version.org_id, version.dag_name)] = version.version_id
     out = []
-    for row in job_rows:
-        version_pointers = by_version.get(row["dag_version_id"], {})
-        inputs = tuple(uuid.UUID(s) for s in row["input_datasets"] or [])
-        outputs = tuple(uuid.UUID(s) for s in row["output_datasets"] or [])
+    for live in await tx.deploy.live_version_jobs():
+        job = live.job
+        version_pointers = by_version.get(job.dag_version_id, {})
+        inputs, outputs = job.input_datasets, job.output_datasets
         writes = {ds: version_pointers[ds] for ds in outputs if ds in version_pointers}
-        role: Role = "current" if row["version_status"] == "current" else "building"
+        role: Role = "current" if live.version_status == "current" else "building"
         if role == "building":
-            current = current_of.get((row["org_id"], row["dag_name"]))
+            current = current_of.get((job.org_id, job.dag_name))
             current_versions = set(by_version.get(current, {}).values()) if current else set()
             if all(version in current_versions for version in writes.values()):
                 continue
-        config = dict(row["config"] or {})
+        config = dict(job.config)
         where = {uuid.UUID(k): str(v) for k, v in (config.get(INPUTS_WHERE_KEY) or {}).items()}
         out.append(
             LiveJob(
-                job_id=row["id"],
-                org_id=row["org_id"],
-                job_name=row["name"],
-                dag_name=row["dag_name"],
-                dag_version_id=row["dag_version_id"],
+                job_id=job.job_id,
+                org_id=job.org_id,
+                job_name=job.name,
+                dag_name=job.dag_name,
+                dag_version_id=job.dag_version_id,
                 role=role,
-                activation=row["activation"],
-                runtime=row["runtime"],
-                operator=row["operator"],
-                execution_strategy=row["execution_strategy"],
+                activation=job.activation,
+                runtime=job.runtime,
+                operator=job.operator,
+                execution_strategy=job.execution_strategy,
                 input_datasets=inputs,
                 output_datasets=outputs,
                 input_pointers={
@@ -138,14 +110,14 @@ async def live_jobs(conn: AsyncConnection) -> list[LiveJob]:
                 },
                 output_pointers=writes,
                 where=where,
-                max_attempts=row["max_attempts"] if row["max_attempts"] is not None else 3,
-                priority_tier=row["priority_tier"],
-                backpressure=row["backpressure"],
-                scaling=row["scaling"],
-                timeout_seconds=row["timeout_seconds"],
-                heartbeat_timeout_seconds=row["heartbeat_timeout_seconds"],
-                source=row["source"],
-                idle_timeout=row["idle_timeout"],
+                max_attempts=job.max_attempts if job.max_attempts is not None else 3,
+                priority_tier=job.priority_tier,
+                backpressure=job.backpressure,
+                scaling=job.scaling,
+                timeout_seconds=job.timeout_seconds,
+                heartbeat_timeout_seconds=job.heartbeat_timeout_seconds,
+                source=job.source,
+                idle_timeout=job.idle_timeout,
                 config=config,
             )
         )

@@ -13,8 +13,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-import sqlalchemy as sa
-
 from trace_core.dag.hashing import (
     dataset_version_hashes,
     job_config_hashes,
@@ -24,14 +22,13 @@ from trace_core.dag.loader import DagDocument
 from trace_core.dag.problems import DagValidationError, Problem, format_field
 from trace_core.dag.registry import (
     ensure_dataset_version,
-    producers_current_pointers,
     registered_datasets,
     registry_problems,
 )
 from trace_core.dag.spec import DagSpec, JobSpec
 from trace_core.dag.validate import INPUTS_WHERE_KEY
-from trace_core.storage import schema
-from trace_core.storage.sql import SqlTransaction
+from trace_core.storage.ports import JobRecord, NewDagVersion, NewDataset
+from trace_core.storage.protocol import Transaction
 
 __all__ = ["DatasetPointer", "dag_dataset_names", "job_row", "write_version"]
 
@@ -63,7 +60,7 @@ def dag_dataset_names(spec: DagSpec) -> set[str]:
 
 
 async def write_version(
-    tx: SqlTransaction,
+    tx: Transaction,
     document: DagDocument,
     org_id: uuid.UUID,
     org_slug: str,
@@ -77,17 +74,8 @@ async def write_version(
     Returns job name -> id and dataset name -> pointer (datasets it produces).
     """
     spec = document.spec
-    conn = tx.connection
-    await conn.execute(
-        sa.insert(schema.dag_versions).values(
-            id=version_id,
-            org_id=org_id,
-            dag_name=spec.dag,
-            yaml_hash=dag_hash,
-            created_at=now,
-            status="building",
-            yaml_text=document.text,
-        )
+    await tx.deploy.insert_version(
+        NewDagVersion(version_id, org_id, spec.dag, dag_hash, document.text, now)
     )
     uuids = await _register(tx, document, org_id, now)
     version_hashes = dataset_version_hashes(spec, dag_yaml_hash=dag_hash)
@@ -108,7 +96,7 @@ async def write_version(
         )
         datasets[name] = DatasetPointer(uuids[name], version, created)
     external = {uuids[n] for n in dag_dataset_names(spec) if n not in datasets}
-    upstream = await producers_current_pointers(conn, org_id, external)
+    upstream = await tx.deploy.producers_current_pointers(org_id, external)
     missing = [
         n for n in sorted(dag_dataset_names(spec)) if n not in datasets and uuids[n] not in upstream
     ]
@@ -126,22 +114,13 @@ async def write_version(
                 for path in [_input_path(spec, name)]
             ]
         )
-    pointer_rows = [
-        {
-            "dag_version_id": version_id,
-            "dataset_uuid": p.dataset_uuid,
-            "dataset_version": p.dataset_version,
-        }
-        for p in datasets.values()
-    ] + [
-        {"dag_version_id": version_id, "dataset_uuid": ds, "dataset_version": v}
-        for ds, v in upstream.items()
-    ]
-    await conn.execute(sa.insert(schema.dag_version_datasets), pointer_rows)
+    await tx.deploy.insert_pointers(
+        version_id,
+        {p.dataset_uuid: p.dataset_version for p in datasets.values()} | dict(upstream),
+    )
     config_hashes = job_config_hashes(spec)
     jobs = {job.name: uuid.uuid4() for job in spec.jobs}
-    await conn.execute(
-        sa.insert(schema.jobs),
+    await tx.deploy.insert_jobs(
         [
             job_row(
                 job,
@@ -151,42 +130,39 @@ async def write_version(
                 version_id=version_id,
                 config_hash=config_hashes[job.name],
                 uuids=uuids,
-                now=now,
             )
             for job in spec.jobs
         ],
+        now=now,
     )
     return jobs, datasets
 
 
 async def _register(
-    tx: SqlTransaction, document: DagDocument, org_id: uuid.UUID, now: datetime
+    tx: Transaction, document: DagDocument, org_id: uuid.UUID, now: datetime
 ) -> dict[str, uuid.UUID]:
     """Dataset name -> uuid for every dataset the DAG names, registering new outputs."""
     spec = document.spec
-    d = schema.datasets
-    for job in spec.jobs:
-        for k, output in enumerate(job.outputs):
-            await tx.connection.execute(
-                tx.insert(d)
-                .values(
-                    id=uuid.uuid4(),
-                    org_id=org_id,
-                    name=output.dataset,
-                    producer_dag_name=spec.dag,
-                    producer_job_name=job.name,
-                    producer_output_index=k,
-                    storage={"kind": output.kind},
-                    read_roles=[],
-                    created_at=now,
-                    updated_at=now,
-                )
-                .on_conflict_do_nothing()
+    await tx.registry.register_datasets_if_absent(
+        [
+            NewDataset(
+                dataset_uuid=uuid.uuid4(),
+                org_id=org_id,
+                name=output.dataset,
+                producer_dag_name=spec.dag,
+                producer_job_name=job.name,
+                producer_output_index=k,
+                created_at=now,
+                storage={"kind": output.kind},
             )
+            for job in spec.jobs
+            for k, output in enumerate(job.outputs)
+        ]
+    )
     # Re-read: a concurrent deploy of another DAG may have won a name (or a
     # slot) between our check and our insert; the same rules then reject it.
     rows = await registered_datasets(
-        tx.connection, org_id, names=dag_dataset_names(spec), producer_dag=spec.dag
+        tx, org_id, names=dag_dataset_names(spec), producer_dag=spec.dag
     )
     problems = registry_problems(document, rows)
     uuids = {r.name: r.dataset_uuid for r in rows if r.name in dag_dataset_names(spec)}
@@ -207,8 +183,7 @@ def job_row(
     version_id: uuid.UUID,
     config_hash: str,
     uuids: Mapping[str, uuid.UUID],
-    now: datetime,
-) -> dict[str, Any]:
+) -> JobRecord:
     """The ``jobs`` row of one job (see :mod:`trace_core.dag.deploy` for the mapping)."""
     inputs = [uuids[name] for name in job_input_datasets(spec, job)]
     config: dict[str, Any] = dict(job.config)
@@ -231,31 +206,29 @@ def job_row(
             if value is not None
         } or None
     scaling = job.scaling.model_dump(exclude_none=True) or None if job.scaling else None
-    return {
-        "id": job_id,
-        "org_id": org_id,
-        "name": job.name,
-        "dag_name": spec.dag,
-        "dag_version_id": version_id,
-        "activation": job.activation,
-        "runtime": job.runtime,
-        "operator": job.operator,
-        "source": source,
-        "bootstrap": job.bootstrap.model_dump() if job.bootstrap else None,
-        "execution_strategy": job.execution_strategy,
-        "idle_timeout": job.idle_timeout,
-        "config": config,
-        "config_hash": config_hash,
-        "input_datasets": [str(ds) for ds in inputs],
-        "output_datasets": [str(uuids[o.dataset]) for o in job.outputs],
-        "update_strategy": job.update_strategy,
-        "unique_key": list(job.unique_key) if job.unique_key is not None else None,
-        "scaling": scaling,
-        "timeout_seconds": job.timeout_seconds,
-        "heartbeat_timeout_seconds": job.heartbeat_timeout_seconds,
-        "max_attempts": job.max_attempts,
-        "created_at": now,
-        "updated_at": now,
-        "backpressure": backpressure,
-        "priority_tier": job.backpressure.priority_tier if job.backpressure else "normal",
-    }
+    return JobRecord(
+        job_id=job_id,
+        org_id=org_id,
+        name=job.name,
+        dag_name=spec.dag,
+        dag_version_id=version_id,
+        activation=job.activation,
+        runtime=job.runtime,
+        operator=job.operator,
+        config_hash=config_hash,
+        update_strategy=job.update_strategy,
+        input_datasets=tuple(inputs),
+        output_datasets=tuple(uuids[o.dataset] for o in job.outputs),
+        config=config,
+        source=source,
+        bootstrap=job.bootstrap.model_dump() if job.bootstrap else None,
+        execution_strategy=job.execution_strategy,
+        idle_timeout=job.idle_timeout,
+        unique_key=tuple(job.unique_key) if job.unique_key is not None else None,
+        scaling=scaling,
+        timeout_seconds=job.timeout_seconds,
+        heartbeat_timeout_seconds=job.heartbeat_timeout_seconds,
+        max_attempts=job.max_attempts,
+        backpressure=backpressure,
+        priority_tier=job.backpressure.priority_tier if job.backpressure else "normal",
+    )

@@ -66,7 +66,7 @@ class Backfiller(PeriodicService):
             conn = as_sql(tx).connection
             building = {
                 job.job_id
-                for job in await live_jobs(conn)
+                for job in await live_jobs(tx)
                 if job.role == "building" and job.activation == "reactive"
             }
             if not building:

@@ -46,6 +46,7 @@ from trace_core.dispatcher.job_states import by_job_id, upsert_job_state
 from trace_core.dispatcher.periodic import PeriodicService
 from trace_core.errors import ConfigurationError
 from trace_core.storage import schema
+from trace_core.storage.protocol import Transaction
 from trace_core.storage.sql import SqlRepository, SqlTransaction
 from trace_core.storage.sql_leasing import status_in
 
@@ -74,7 +75,7 @@ def _thresholds(job: LiveJob) -> Thresholds | None:
         return None
 
 
-async def load_job_graph(conn: AsyncConnection) -> list[JobNode]:
+async def load_job_graph(tx: Transaction) -> list[JobNode]:
     """The live jobs (:func:`trace_core.dag.live_jobs`) with their dataset edges.
 
     The one place that knows where the job graph comes from.
@@ -90,7 +91,7 @@ async def load_job_graph(conn: AsyncConnection) -> list[JobNode]:
             output_datasets=tuple(str(d) for d in job.output_datasets),
             thresholds=_thresholds(job),
         )
-        for job in await live_jobs(conn)
+        for job in await live_jobs(tx)
     ]
 
 
@@ -169,7 +170,7 @@ class BackpressureMonitor(PeriodicService):
         # are conditional, so a concurrent monitor cannot make us journal twice.
         async with self.repo.read() as tx:
             conn = tx.connection
-            jobs = await load_job_graph(conn)
+            jobs = await load_job_graph(tx)
             measurements = await measure_queues(conn, now)
             current = await read_paused(conn)
         ours = {

@@ -191,7 +191,7 @@ class CronScheduler(PeriodicService):
         s = schema.job_states
         async with self.repo.read() as t:
             conn = as_sql(t).connection
-            jobs = [j for j in await live_source_jobs(conn) if j.kind == "cron"]
+            jobs = [j for j in await live_source_jobs(as_sql(t)) if j.kind == "cron"]
             rows = await conn.execute(
                 sa.select(s.c.job_id, s.c.next_fire_at, s.c.source_status).where(
                     sa.or_(s.c.job_id.in_([j.job_id for j in jobs]), s.c.next_fire_at.is_not(None))

@@ -66,7 +66,7 @@ class TaskLauncher:
                 )
             ).all()
             lambda_ids = [r[0] for r in rows if self.runtimes.get(r[1]).kind is RuntimeKind.LAMBDA]
-            payloads = await task_payloads(conn, lambda_ids) if lambda_ids else {}
+            payloads = await task_payloads(as_sql(tx), lambda_ids) if lambda_ids else {}
         queues: dict[str, list[uuid.UUID]] = {}
         local: list[uuid.UUID] = []
         for task_id, runtime_name, operator in rows:

@@ -84,7 +84,7 @@ class ManualTrigger:
         async with self.repo.transaction() as t:
             st = as_sql(t)
             conn = st.connection
-            target = _resolve(await live_source_jobs(conn), job)
+            target = _resolve(await live_source_jobs(st), job)
             paused, _ = await read_pause(conn, target.job_id)
             if paused:
                 reason = "paused by backpressure"

@@ -79,7 +79,7 @@ async def render_metrics(repo: SqlRepository, clock: Clock) -> str:
     t = schema.tasks
     async with repo.read() as tx:
         conn = tx.connection
-        jobs = await load_job_graph(conn)
+        jobs = await load_job_graph(tx)
         queues = await measure_queues(conn, now)
         paused = await read_paused(conn)
         in_flight = await count_in_flight_by_operator(conn)

@@ -29,6 +29,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from trace_core.dag.coverage import read_coverage
 from trace_core.dag.validate import INPUTS_WHERE_KEY
 from trace_core.storage import schema
+from trace_core.storage.sql import SqlTransaction
 
 __all__ = ["build_payloads", "task_payloads", "task_rows"]
 
@@ -86,11 +87,11 @@ _POINTERS = _pointers_statement()
 
 
 async def task_payloads(
-    conn: AsyncConnection, task_ids: Sequence[uuid.UUID]
+    st: SqlTransaction, task_ids: Sequence[uuid.UUID]
 ) -> dict[uuid.UUID, dict[str, Any]]:
     """The payload of each existing task among ``task_ids`` (two queries, one
     more for source tasks, and rarely one for inputs outside the pointers)."""
-    return await build_payloads(conn, await task_rows(conn, task_ids))
+    return await build_payloads(st, await task_rows(st.connection, task_ids))
 
 
 async def task_rows(conn: AsyncConnection, task_ids: Sequence[uuid.UUID]) -> list[dict[str, Any]]:
@@ -102,14 +103,15 @@ async def task_rows(conn: AsyncConnection, task_ids: Sequence[uuid.UUID]) -> lis
 
 
 async def build_payloads(
-    conn: AsyncConnection, tasks: Sequence[Mapping[str, Any]]
+    st: SqlTransaction, tasks: Sequence[Mapping[str, Any]]
 ) -> dict[uuid.UUID, dict[str, Any]]:
     """The payloads of rows read by :func:`task_rows` (whose ``attempt`` and
     ``status`` a caller may have replaced by what its claim just set)."""
+    conn = st.connection
     locations = await _output_locations(conn, {r["dag_version_id"] for r in tasks})
     stored = await _input_locations(conn, tasks, locations)
     names = await _dataset_names(conn, tasks, locations)
-    coverage = await _source_output_coverage(conn, tasks, locations)
+    coverage = await _source_output_coverage(st, tasks, locations)
     payloads = {}
     for row in tasks:
         pointers = locations.get(row["dag_version_id"], {})
@@ -185,7 +187,7 @@ async def _output_locations(
 
 
 async def _source_output_coverage(
-    conn: AsyncConnection,
+    st: SqlTransaction,
     tasks: Sequence[Mapping[str, Any]],
     pointers: dict[uuid.UUID, dict[uuid.UUID, _Pointer]],
 ) -> dict[uuid.UUID, list[list[int]]]:
@@ -199,7 +201,7 @@ async def _source_output_coverage(
         for dataset in row["output_datasets"] or ()
         if (pointer := pointers.get(row["dag_version_id"], {}).get(uuid.UUID(str(dataset))))
     }
-    found = await read_coverage(conn, versions)
+    found = await read_coverage(st, versions)
     return {version: [list(r) for r in c.ranges] for version, c in found.items()}
 
 

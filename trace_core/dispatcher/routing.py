@@ -155,7 +155,7 @@ class EventRouter:
             if not events:
                 return report
             conn = st.connection
-            dependents = await reactive_dependents(conn, {e.dataset_uuid for e in events})
+            dependents = await reactive_dependents(st, {e.dataset_uuid for e in events})
             paused = await _paused(conn)
             live = await live_pointers(conn)
             now = self.clock.now()
@@ -254,12 +254,12 @@ class EventRouter:
         while True:
             async with self.repo.transaction() as tx:
                 st = as_sql(tx)
-                versions = await _input_versions_of(st.connection, wanted)
+                versions = await _input_versions_of(st, wanted)
                 events = await _history(st.connection, versions, after, batch)
                 if not events:
                     return report
                 report.events += len(events)
-                found = await reactive_dependents(st.connection, {e.dataset_uuid for e in events})
+                found = await reactive_dependents(st, {e.dataset_uuid for e in events})
                 dependents = {
                     ds: [(job, edge) for job, edge in deps if job.job_id in wanted]
                     for ds, deps in found.items()
@@ -282,7 +282,7 @@ class EventRouter:
     ) -> _Plan:
         # every input of every dependent: a PerPartition join checks the others
         inputs = {e.dataset_version for d in dependents.values() for j, _ in d for e in j.inputs}
-        coverage = await read_coverage(st.connection, inputs)
+        coverage = await read_coverage(st, inputs)
         plan = _Plan()
         for event in events:
             self._plan_event(event, dependents, paused, coverage, plan, report)
@@ -401,8 +401,8 @@ async def _pending(conn: AsyncConnection, event_ids: Sequence[uuid.UUID]) -> lis
     return sorted(events, key=lambda ev: (ev.received_at, ev.id))
 
 
-async def _input_versions_of(conn: AsyncConnection, job_ids: set[uuid.UUID]) -> set[uuid.UUID]:
-    deps = await reactive_dependents_of(conn, job_ids)
+async def _input_versions_of(st: SqlTransaction, job_ids: set[uuid.UUID]) -> set[uuid.UUID]:
+    deps = await reactive_dependents_of(st, job_ids)
     return {edge.dataset_version for job in deps for edge in job.inputs}
 
 

@@ -104,7 +104,7 @@ class IdleScaler(PeriodicService):
         async with self.repo.transaction() as tx:
             st = as_sql(tx)
             conn = st.connection
-            jobs = {j.job_id: j for j in await live_jobs(conn) if j.activation == "reactive"}
+            jobs = {j.job_id: j for j in await live_jobs(st) if j.activation == "reactive"}
             if not jobs:
                 return report
             ids = list(jobs)
@@ -215,7 +215,7 @@ class IdleScaler(PeriodicService):
         s = schema.job_states
         async with self.repo.read() as tx:
             conn = as_sql(tx).connection
-            ids = [j.job_id for j in await live_jobs(conn) if j.activation == "reactive"]
+            ids = [j.job_id for j in await live_jobs(tx) if j.activation == "reactive"]
             if not ids:
                 return {}
             rows = await conn.execute(

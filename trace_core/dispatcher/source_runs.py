@@ -82,13 +82,13 @@ class SourceJob:
     priority_tier: str
 
 
-async def live_source_jobs(conn: AsyncConnection) -> list[SourceJob]:
+async def live_source_jobs(st: SqlTransaction) -> list[SourceJob]:
     """The live source jobs (:func:`trace_core.dag.live_jobs`) with their bootstrap."""
-    live = [j for j in await live_jobs(conn) if j.activation == "source"]
+    live = [j for j in await live_jobs(st) if j.activation == "source"]
     if not live:
         return []
     jobs = schema.jobs
-    rows = await conn.execute(
+    rows = await st.connection.execute(
         sa.select(jobs.c.id, jobs.c.bootstrap).where(jobs.c.id.in_([j.job_id for j in live]))
     )
     bootstrap = {r[0]: r[1] or {} for r in rows}

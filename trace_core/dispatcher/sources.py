@@ -151,7 +151,7 @@ class SourceSupervisor(PeriodicService):
         report = SourceReport()
         async with self.repo.read() as t:
             conn = as_sql(t).connection
-            jobs = await live_source_jobs(conn)
+            jobs = await live_source_jobs(as_sql(t))
             states = await read_source_states(conn, [j.job_id for j in jobs])
             retired = await retired_sources(conn, {j.job_id for j in jobs})
         for job in jobs:

@@ -18,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from trace_core.dag import LiveJob, live_jobs
 from trace_core.storage import schema
+from trace_core.storage.protocol import Transaction
 
 __all__ = [
     "Dependent",
@@ -80,11 +81,11 @@ def _dependent(job: LiveJob) -> Dependent:
 
 
 async def reactive_dependents(
-    conn: AsyncConnection, dataset_uuids: set[uuid.UUID]
+    tx: Transaction, dataset_uuids: set[uuid.UUID]
 ) -> dict[uuid.UUID, list[tuple[Dependent, InputEdge]]]:
     """For each of ``dataset_uuids``, the live reactive jobs reading it and the edge."""
     found: dict[uuid.UUID, list[tuple[Dependent, InputEdge]]] = {}
-    for job in await live_jobs(conn):
+    for job in await live_jobs(tx):
         if job.activation != "reactive" or not job.input_datasets:
             continue
         dependent = _dependent(job)
@@ -94,11 +95,11 @@ async def reactive_dependents(
     return found
 
 
-async def reactive_dependents_of(conn: AsyncConnection, job_ids: set[uuid.UUID]) -> list[Dependent]:
+async def reactive_dependents_of(tx: Transaction, job_ids: set[uuid.UUID]) -> list[Dependent]:
     """The live reactive jobs among ``job_ids``."""
     return [
         _dependent(job)
-        for job in await live_jobs(conn)
+        for job in await live_jobs(tx)
         if job.job_id in job_ids and job.activation == "reactive" and job.input_datasets
     ]
 

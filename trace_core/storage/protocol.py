@@ -18,6 +18,7 @@ from datetime import datetime
 from typing import Any, Literal, Protocol
 
 from trace_core.model import Fence, ItemState, Lease, QueueSpec
+from trace_core.storage.ports import DeployOps, RegistryOps, TaskOps
 from trace_core.wakeup import Subscription
 
 __all__ = [
@@ -98,9 +99,31 @@ class IdempotencyRecord:
 
 
 class Transaction(Protocol):
-    """One database transaction with the semantic operations."""
+    """One database transaction with the semantic operations.
+
+    Besides the ownership protocol below, the operations of each area of the
+    port (:mod:`trace_core.storage.ports`) are reached as an attribute, e.g.
+    ``await tx.registry.find_org(slug)``; they run in this transaction.
+    """
 
     engine_name: str
+
+    # --- the areas of the port ----------------------------------------------
+
+    @property
+    def registry(self) -> RegistryOps:
+        """Orgs, the dataset registry and dataset versions."""
+        ...
+
+    @property
+    def deploy(self) -> DeployOps:
+        """DAG versions, their pointer sets and their jobs."""
+        ...
+
+    @property
+    def tasks(self) -> TaskOps:
+        """Task lookups by job and runtime."""
+        ...
 
     # --- the ownership protocol, one implementation for every queue ---------
 

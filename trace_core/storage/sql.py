@@ -29,6 +29,7 @@ from trace_core.storage.protocol import (
     TaskWakeup,
     Transaction,
 )
+from trace_core.storage.sql_deploy import SqlDeployOps
 from trace_core.storage.sql_errors import translate_errors
 from trace_core.storage.sql_leasing import (
     LeaseStatements,
@@ -36,6 +37,8 @@ from trace_core.storage.sql_leasing import (
     finishable,
     status_in,
 )
+from trace_core.storage.sql_registry import SqlRegistryOps
+from trace_core.storage.sql_tasks import SqlTaskOps
 from trace_core.storage.url import DatabaseURL, parse_database_url
 from trace_core.wakeup import Subscription, WakeupHub
 
@@ -129,6 +132,23 @@ class SqlTransaction:
         """A dialect INSERT (with ``on_conflict_do_nothing``) for ``table``."""
         dialect = postgresql if self.engine_name == "postgres" else sqlite
         return dialect.insert(table)
+
+    # --- the areas of the port (created once per transaction, on first use) --
+
+    @functools.cached_property
+    def registry(self) -> SqlRegistryOps:
+        """Orgs, datasets and dataset versions (:mod:`~trace_core.storage.sql_registry`)."""
+        return SqlRegistryOps(self)
+
+    @functools.cached_property
+    def deploy(self) -> SqlDeployOps:
+        """DAG versions, pointer sets and jobs (:mod:`~trace_core.storage.sql_deploy`)."""
+        return SqlDeployOps(self)
+
+    @functools.cached_property
+    def tasks(self) -> SqlTaskOps:
+        """Task lookups by job and runtime (:mod:`~trace_core.storage.sql_tasks`)."""
+        return SqlTaskOps(self)
 
     # --- ownership protocol -------------------------------------------------
 
