@@ -41,6 +41,7 @@ from trace_core.dispatcher.capabilities import CapabilityIssuer
 from trace_core.dispatcher.inprocess_client import InProcessClient
 from trace_core.dispatcher.service import Dispatcher
 from trace_core.errors import ConfigurationError, InvalidInput, StaleClaim
+from trace_core.model import Fence
 from trace_core.security import (
     InvalidCapability,
     KeyRing,
@@ -146,14 +147,14 @@ async def test_a_heartbeat_renews_the_token_once_a_third_of_its_life_is_left(
     task_id = claim.task_id
     original = await refreshing.verify(first, task_id)
 
-    fresh = await client.heartbeat(task_id, 1, lease_token, first)
+    fresh = await client.heartbeat(Fence(task_id, 1, lease_token), first)
     assert fresh.capability_token is None  # a fresh token is not renewed
     beat, elapsed = fresh, 0.0
     while beat.capability_token is None:
         assert elapsed <= DUE_AFTER, "no renewal although the token was due"
         refreshing.clock.advance(STEP)
         elapsed += STEP
-        beat = await client.heartbeat(task_id, 1, lease_token, first)
+        beat = await client.heartbeat(Fence(task_id, 1, lease_token), first)
     assert elapsed > DUE_AFTER - STEP  # not renewed while two thirds were left
 
     renewed = await refreshing.verify(beat.capability_token, task_id)
@@ -178,7 +179,7 @@ async def test_the_old_token_is_refused_after_its_expiry_and_the_renewed_one_is_
     renewals = 0
     for _ in range(int((TTL + LEEWAY) / STEP) + 1):  # past the first token's expiry
         refreshing.clock.advance(STEP)
-        beat = await client.heartbeat(task_id, 1, lease_token, current)
+        beat = await client.heartbeat(Fence(task_id, 1, lease_token), current)
         if beat.capability_token is not None:
             current, renewals = beat.capability_token, renewals + 1
     assert renewals >= 1
@@ -230,7 +231,7 @@ async def test_a_stale_attempt_gets_its_409_and_no_token(refreshing: Refreshing,
     task_id = first.task_id
     for _ in range(int(DUE_AFTER / STEP)):  # the first attempt's token becomes due
         clock.advance(STEP)
-        await client.heartbeat(task_id, 1, first_lease)
+        await client.heartbeat(Fence(task_id, 1, first_lease))
     clock.advance(61)  # its lease lapses; the reaper fails it, a retry claims again
     await dispatcher.reaper.run_once()
     second = None
@@ -243,7 +244,7 @@ async def test_a_stale_attempt_gets_its_409_and_no_token(refreshing: Refreshing,
 
     # The old attempt, presenting its still valid and due token: refused, nothing issued.
     with pytest.raises(StaleClaim):
-        await client.heartbeat(task_id, 1, first_lease, old_token)
+        await client.heartbeat(Fence(task_id, 1, first_lease), old_token)
     answer = await refreshing.http.post(
         "/internal/heartbeat",
         json={
@@ -257,7 +258,7 @@ async def test_a_stale_attempt_gets_its_409_and_no_token(refreshing: Refreshing,
     assert answer.status_code == 409 and answer.json()["error"] == "stale"
     assert "capability_token" not in answer.json()
     # The current holder presenting the old attempt's token gets no renewal either.
-    beat = await client.heartbeat(task_id, 2, second.lease_token, old_token)
+    beat = await client.heartbeat(Fence(task_id, 2, second.lease_token), old_token)
     assert beat.capability_token is None
 
 
@@ -269,7 +270,7 @@ async def test_a_heartbeat_without_a_token_is_answered_without_one(
     claim = await client.claim(task_id, "w1")
     assert claim.lease_token is not None
     refreshing.clock.advance(DUE_AFTER + STEP / 2)
-    beat = await client.heartbeat(task_id, 1, claim.lease_token)
+    beat = await client.heartbeat(Fence(task_id, 1, claim.lease_token))
     assert beat.capability_token is None
 
 
@@ -347,13 +348,13 @@ async def test_a_signer_outage_during_renewal_keeps_the_lease_and_retries(
     token = str(claim.task["capability_token"])
     for _ in range(int(DUE_AFTER / STEP) + 1):
         clock.advance(STEP)
-        await client.heartbeat(run.task_id, 1, claim.lease_token)
+        await client.heartbeat(Fence(run.task_id, 1, claim.lease_token))
     signer.down = True
-    beat = await client.heartbeat(run.task_id, 1, claim.lease_token, token)
+    beat = await client.heartbeat(Fence(run.task_id, 1, claim.lease_token), token)
     assert beat.capability_token is None  # the lease was extended all the same
     assert beat.expires_at > clock.now()
     signer.down = False
-    beat = await client.heartbeat(run.task_id, 1, claim.lease_token, token)
+    beat = await client.heartbeat(Fence(run.task_id, 1, claim.lease_token), token)
     assert beat.capability_token is not None
     await verifier.verify_for_task(beat.capability_token, run.task_id, 1)
 

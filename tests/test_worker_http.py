@@ -27,6 +27,7 @@ from trace_core.authoring.context import OperatorResult, TaskContext
 from trace_core.authoring.events import DatasetEvent
 from trace_core.clock import ManualClock
 from trace_core.errors import InvalidInput, NotFound, StaleClaim
+from trace_core.model import Fence
 from trace_core.storage.sql import SqlRepository
 from trace_core.worker import (
     ClaimResult,
@@ -280,9 +281,11 @@ async def test_http_answers_map_onto_the_client_contract(http: Http) -> None:
     assert claimed.claimed and claimed.lease_token is not None and claimed.task is not None
     assert claimed.lease_expires_at is not None and claimed.lease_expires_at.tzinfo is not None
     with pytest.raises(StaleClaim):
-        await http.client.heartbeat(task_id, 1, uuid.uuid4())  # 409 stale
+        await http.client.heartbeat(Fence(task_id, 1, uuid.uuid4()))  # 409 stale
     with pytest.raises(StaleClaim):
-        await http.client.heartbeat(uuid.uuid4(), 1, claimed.lease_token)  # 404 on a fenced call
+        await http.client.heartbeat(
+            Fence(uuid.uuid4(), 1, claimed.lease_token)
+        )  # 404 on a fenced call
     with pytest.raises(InvalidInput) as invalid:
         await http.client.emit(task_id, 1, [platform.partition(0, 9, dataset="doubled")])
     assert invalid.value.field.startswith("events[0]")
@@ -293,13 +296,17 @@ async def test_http_answers_map_onto_the_client_contract(http: Http) -> None:
     http.transport.plans = {"/internal/heartbeat": ["connect", 503, 502]}
     for _ in range(3):
         with pytest.raises(ControlPlaneUnavailable):
-            await http.client.heartbeat(task_id, 1, claimed.lease_token)
-    beat = await http.client.heartbeat(task_id, 1, claimed.lease_token)
+            await http.client.heartbeat(Fence(task_id, 1, claimed.lease_token))
+    beat = await http.client.heartbeat(Fence(task_id, 1, claimed.lease_token))
     assert beat.directive == "run" and beat.expires_at >= claimed.lease_expires_at
 
-    await http.client.complete(task_id, 1, claimed.lease_token, [platform.partition(0, 9)], None)
+    await http.client.complete(
+        Fence(task_id, 1, claimed.lease_token), [platform.partition(0, 9)], None
+    )
     # the answer was lost; the retry is recognized as a duplicate
-    await http.client.complete(task_id, 1, claimed.lease_token, [platform.partition(0, 9)], None)
+    await http.client.complete(
+        Fence(task_id, 1, claimed.lease_token), [platform.partition(0, 9)], None
+    )
     assert "Bearer" not in repr(http.client) and TOKEN not in repr(http.client)
 
 

@@ -32,7 +32,7 @@ from trace_core.dispatcher.inprocess import InProcessWakeupQueue
 from trace_core.dispatcher.inprocess_client import InProcessClient
 from trace_core.dispatcher.service import Dispatcher
 from trace_core.errors import DatabaseUnavailable, InvalidInput, StaleClaim
-from trace_core.model import ClaimOutcome
+from trace_core.model import ClaimOutcome, Fence
 from trace_core.retry import Backoff
 from trace_core.storage import schema
 from trace_core.storage.sql import SqlRepository
@@ -218,15 +218,9 @@ class FlakyClient:
         self._maybe_fail("fetch")
         return await self.inner.fetch(task_id)
 
-    async def heartbeat(
-        self,
-        task_id: uuid.UUID,
-        attempt: int,
-        lease_token: uuid.UUID,
-        capability_token: str | None = None,
-    ) -> HeartbeatResult:
+    async def heartbeat(self, fence: Fence, capability_token: str | None = None) -> HeartbeatResult:
         self._maybe_fail("heartbeat")
-        return await self.inner.heartbeat(task_id, attempt, lease_token, capability_token)
+        return await self.inner.heartbeat(fence, capability_token)
 
     async def emit(
         self, task_id: uuid.UUID, attempt: int, events: Sequence[DatasetEvent]
@@ -236,20 +230,16 @@ class FlakyClient:
 
     async def complete(
         self,
-        task_id: uuid.UUID,
-        attempt: int,
-        lease_token: uuid.UUID,
+        fence: Fence,
         events: Sequence[DatasetEvent],
         outputs: Sequence[Mapping[str, Any]] | None,
     ) -> None:
         self._maybe_fail("complete")
-        await self.inner.complete(task_id, attempt, lease_token, events, outputs)
+        await self.inner.complete(fence, events, outputs)
 
-    async def fail(
-        self, task_id: uuid.UUID, attempt: int, lease_token: uuid.UUID, error: str, retryable: bool
-    ) -> None:
+    async def fail(self, fence: Fence, error: str, retryable: bool) -> None:
         self._maybe_fail("fail")
-        await self.inner.fail(task_id, attempt, lease_token, error, retryable)
+        await self.inner.fail(fence, error, retryable)
 
     async def report_canceled(self, task_id: uuid.UUID, attempt: int) -> None:
         self._maybe_fail("report_canceled")
@@ -694,14 +684,33 @@ async def test_a_completion_repeated_after_a_lost_answer_is_a_duplicate(
     claim = await client.claim(task_id, "w")
     assert claim.lease_token is not None
     done = [platform.partition(0, 9)]
-    await client.complete(task_id, 1, claim.lease_token, done, None)
-    await client.complete(task_id, 1, claim.lease_token, done, None)  # no error, no change
+    await client.complete(Fence(task_id, 1, claim.lease_token), done, None)
+    await client.complete(Fence(task_id, 1, claim.lease_token), done, None)  # no error, no change
     with pytest.raises(StaleClaim):
-        await client.complete(task_id, 1, uuid.uuid4(), done, None)
+        await client.complete(Fence(task_id, 1, uuid.uuid4()), done, None)
     with pytest.raises(StaleClaim):
-        await client.heartbeat(uuid.uuid4(), 1, claim.lease_token)  # no such task
+        await client.heartbeat(Fence(uuid.uuid4(), 1, claim.lease_token))  # no such task
     with pytest.raises(ControlPlaneRejected, match="not_canceled"):
         await client.report_canceled(task_id, 1)
+    assert await platform.events_of(task_id) == [("0-9", 1)]
+
+
+async def test_an_in_process_claim_fences_every_write_with_its_claim_version(
+    platform: Platform,
+) -> None:
+    client = InProcessClient(platform.control)
+    task_id = await platform.trigger()
+    claim = await client.claim(task_id, "w")
+    assert claim.claim_version is not None and claim.fence.claim_version == claim.claim_version
+    older = replace(claim.fence, claim_version=claim.claim_version - 1)
+    with pytest.raises(StaleClaim):
+        await client.heartbeat(older)
+    with pytest.raises(StaleClaim):
+        await client.complete(older, [platform.partition(0, 9)], None)
+    with pytest.raises(StaleClaim):
+        await client.fail(older, "boom", retryable=True)
+    assert await platform.events_of(task_id) == []
+    await client.complete(claim.fence, [platform.partition(0, 9)], None)
     assert await platform.events_of(task_id) == [("0-9", 1)]
 
 
@@ -734,7 +743,7 @@ async def test_the_retrying_client_never_retries_an_answer(error: Exception) -> 
     time = FakeTime()
     client = retrying(inner, time)  # type: ignore[arg-type]
     with pytest.raises(type(error)):
-        await client.heartbeat(uuid.uuid4(), 1, uuid.uuid4())
+        await client.heartbeat(Fence(uuid.uuid4(), 1, uuid.uuid4()))
     assert inner.calls == 1 and time.slept == []
 
 

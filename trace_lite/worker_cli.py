@@ -4,15 +4,10 @@ The loop long-polls ``POST /internal/worker/claim`` for the given streams
 (worker queues such as ``trace-ecs-platform``, in priority order). A claim
 that returns a job has *already* leased the task: the answer carries the
 attempt, the lease token and the payload snapshot. The task is then run by
-:meth:`WorkerWrapper.handle_wakeup`, whose own first step is a claim by task
-id; claiming again would be refused (``AlreadyRunning``: the lease is
-ours, but a second claim cannot tell). So the wrapper talks to a
-:class:`PreclaimedClient`: its ``claim`` hands back the lease the stream
-claim took (once, for that task id) and every other call (heartbeat, emit,
-complete, fail) goes to a :class:`RetryingClient` over an
-:class:`HttpControlPlaneClient`, fenced by that same
-``(task_id, attempt, lease_token)``. The wrapper's public API is used
-unchanged, and no lease is taken twice.
+:meth:`WorkerWrapper.handle_claimed` on that lease (claiming it again by
+task id would be refused: ``AlreadyRunning``); every call of the attempt
+(heartbeat, emit, complete, fail) goes to a :class:`RetryingClient` over an
+:class:`HttpControlPlaneClient`, fenced by the lease. No lease is taken twice.
 
 The internal token comes from ``TRACE_INTERNAL_TOKEN`` only, never from the
 command line. SIGTERM (or SIGINT) stops claiming: an idle long-poll is
@@ -46,10 +41,8 @@ from trace_core.outage import LoopHealth, Sleep
 from trace_core.retry import Backoff
 from trace_core.worker import (
     ClaimResult,
-    ControlPlaneClient,
     ControlPlaneRejected,
     ControlPlaneUnavailable,
-    HeartbeatResult,
     HttpControlPlaneClient,
     RetryingClient,
     WorkerWrapper,
@@ -58,10 +51,9 @@ from trace_core.worker import (
 if TYPE_CHECKING:
     import httpx
 
-    from trace_core.authoring.events import AcceptResult, DatasetEvent
     from trace_core.authoring.operators import OperatorRegistry
 
-__all__ = ["PreclaimedClient", "StreamClaimClient", "WorkerConfig", "run_worker", "worker_main"]
+__all__ = ["StreamClaimClient", "WorkerConfig", "run_worker", "worker_main"]
 
 log = logging.getLogger("trace_lite.worker")
 
@@ -146,76 +138,6 @@ def _claim_result(answer: Mapping[str, Any]) -> ClaimResult | None:
     )
 
 
-class PreclaimedClient:
-    """A :class:`ControlPlaneClient` whose ``claim`` returns a lease taken elsewhere.
-
-    :meth:`hand_over` stores the lease a stream claim got; the next
-    ``claim`` of that task id returns it (once). A claim of any other task,
-    and every other call, goes to ``inner``.
-    """
-
-    def __init__(self, inner: ControlPlaneClient) -> None:
-        self.inner = inner
-        self._leases: dict[uuid.UUID, ClaimResult] = {}
-
-    def hand_over(self, claim: ClaimResult) -> None:
-        """Remember ``claim`` for the next ``claim`` of its task id."""
-        self._leases[claim.task_id] = claim
-
-    async def claim(self, task_id: uuid.UUID, worker_id: str) -> ClaimResult:
-        """The handed-over lease of ``task_id``, else a claim through ``inner``."""
-        held = self._leases.pop(task_id, None)
-        if held is not None:
-            return held
-        return await self.inner.claim(task_id, worker_id)
-
-    async def fetch(self, task_id: uuid.UUID) -> dict[str, Any]:
-        """See :meth:`ControlPlaneClient.fetch`."""
-        return await self.inner.fetch(task_id)
-
-    async def heartbeat(
-        self,
-        task_id: uuid.UUID,
-        attempt: int,
-        lease_token: uuid.UUID,
-        capability_token: str | None = None,
-    ) -> HeartbeatResult:
-        """See :meth:`ControlPlaneClient.heartbeat`."""
-        return await self.inner.heartbeat(task_id, attempt, lease_token, capability_token)
-
-    async def emit(
-        self, task_id: uuid.UUID, attempt: int, events: Sequence[DatasetEvent]
-    ) -> AcceptResult:
-        """See :meth:`ControlPlaneClient.emit`."""
-        return await self.inner.emit(task_id, attempt, events)
-
-    async def complete(
-        self,
-        task_id: uuid.UUID,
-        attempt: int,
-        lease_token: uuid.UUID,
-        events: Sequence[DatasetEvent],
-        outputs: Sequence[Mapping[str, Any]] | None,
-    ) -> None:
-        """See :meth:`ControlPlaneClient.complete`."""
-        await self.inner.complete(task_id, attempt, lease_token, events, outputs)
-
-    async def fail(
-        self,
-        task_id: uuid.UUID,
-        attempt: int,
-        lease_token: uuid.UUID,
-        error: str,
-        retryable: bool,
-    ) -> None:
-        """See :meth:`ControlPlaneClient.fail`."""
-        await self.inner.fail(task_id, attempt, lease_token, error, retryable)
-
-    async def report_canceled(self, task_id: uuid.UUID, attempt: int) -> None:
-        """See :meth:`ControlPlaneClient.report_canceled`."""
-        await self.inner.report_canceled(task_id, attempt)
-
-
 class _Stop:
     """Signal state: stop claiming; a second signal abandons the running task."""
 
@@ -254,9 +176,7 @@ async def run_worker(
     ):
         group.start_soon(_watch_signals, stop)
         streams = StreamClaimClient(config.api, token, http)
-        client = PreclaimedClient(
-            RetryingClient(HttpControlPlaneClient(config.api, token, http=http))
-        )
+        client = RetryingClient(HttpControlPlaneClient(config.api, token, http=http))
         wrapper = WorkerWrapper(client, operators, worker_id=config.worker_id)
         log.info(
             "worker %s polling %s at %s", config.worker_id, ",".join(config.streams), config.api
@@ -276,9 +196,8 @@ async def run_worker(
                     continue
                 # From here the task runs to its report even if a signal arrives.
                 stop.idle = anyio.CancelScope()
-                client.hand_over(claim)
                 try:
-                    outcome = await wrapper.handle_wakeup(claim.task_id)
+                    outcome = await wrapper.handle_claimed(claim)
                 except ControlPlaneUnavailable as exc:
                     # Its report could not be delivered within the retry budget:
                     # the lease expires and the task is retried elsewhere.

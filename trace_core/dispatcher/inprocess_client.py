@@ -24,6 +24,7 @@ from trace_core.worker.client import (
     ControlPlaneRejected,
     ControlPlaneUnavailable,
     HeartbeatResult,
+    task_id_of,
 )
 
 __all__ = ["InProcessClient"]
@@ -49,6 +50,7 @@ class InProcessClient:
             lease_token=lease.lease_token,
             lease_expires_at=lease.expires_at,
             task=claimed.task,
+            claim_version=lease.claim_version,
         )
 
     async def fetch(self, task_id: uuid.UUID) -> dict[str, Any]:
@@ -56,19 +58,16 @@ class InProcessClient:
         with _translated():
             return await self.control.fetch(task_id)
 
-    async def heartbeat(
-        self,
-        task_id: uuid.UUID,
-        attempt: int,
-        lease_token: uuid.UUID,
-        capability_token: str | None = None,
-    ) -> HeartbeatResult:
+    async def heartbeat(self, fence: Fence, capability_token: str | None = None) -> HeartbeatResult:
         """See :meth:`ControlPlaneClient.heartbeat`."""
+        task_id = task_id_of(fence)
         with _translated(stale_if_missing=task_id):
-            expires = await self.control.heartbeat(Fence(task_id, attempt, lease_token))
+            expires = await self.control.heartbeat(fence)
             directive = await self.control.directive(task_id)
             # After the fenced extension only, like /internal/heartbeat.
-            renewed = await self.control.refresh_capability(task_id, attempt, capability_token)
+            renewed = await self.control.refresh_capability(
+                task_id, fence.attempt, capability_token
+            )
         return HeartbeatResult(expires, directive, renewed)
 
     async def emit(
@@ -80,15 +79,12 @@ class InProcessClient:
 
     async def complete(
         self,
-        task_id: uuid.UUID,
-        attempt: int,
-        lease_token: uuid.UUID,
+        fence: Fence,
         events: Sequence[DatasetEvent],
         outputs: Sequence[Mapping[str, Any]] | None,
     ) -> None:
         """See :meth:`ControlPlaneClient.complete`."""
-        fence = Fence(task_id, attempt, lease_token)
-        with _translated(stale_if_missing=task_id):
+        with _translated(stale_if_missing=task_id_of(fence)):
             try:
                 await self.control.complete(fence, events=events, outputs=outputs)
             except InvalidTransition:
@@ -97,17 +93,9 @@ class InProcessClient:
                 if (await self._reported(fence)) != "Completed":
                     raise
 
-    async def fail(
-        self,
-        task_id: uuid.UUID,
-        attempt: int,
-        lease_token: uuid.UUID,
-        error: str,
-        retryable: bool,
-    ) -> None:
+    async def fail(self, fence: Fence, error: str, retryable: bool) -> None:
         """See :meth:`ControlPlaneClient.fail`."""
-        fence = Fence(task_id, attempt, lease_token)
-        with _translated(stale_if_missing=task_id):
+        with _translated(stale_if_missing=task_id_of(fence)):
             try:
                 await self.control.fail(fence, error, retryable=retryable)
             except InvalidTransition:
@@ -126,7 +114,11 @@ class InProcessClient:
     async def _reported(self, fence: Fence) -> str:
         """The task's status when ``fence``'s attempt still owns it; else stale."""
         state = await self.control.tasks.leases.inspect(fence.item_id)
-        if state.attempt != fence.attempt or state.lease_token != fence.lease_token:
+        if (
+            state.attempt != fence.attempt
+            or state.lease_token != fence.lease_token
+            or fence.claim_version not in (None, state.claim_version)
+        ):
             raise StaleClaim("tasks", fence.item_id, f"attempt {fence.attempt} is not current")
         if state.status == "Canceled":
             raise StaleClaim("tasks", fence.item_id, "the task was canceled")

@@ -23,7 +23,6 @@ long as it keeps its lease.
 from __future__ import annotations
 
 import logging
-import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -33,11 +32,13 @@ import anyio
 from trace_core.authoring.events import AcceptResult, DatasetEvent
 from trace_core.clock import Clock
 from trace_core.errors import ConfigurationError, InvalidInput, NotFound, StaleClaim
+from trace_core.model import Fence
 from trace_core.worker.client import (
     ControlPlaneClient,
     ControlPlaneRejected,
     ControlPlaneUnavailable,
     HeartbeatResult,
+    task_id_of,
 )
 
 __all__ = ["Attempt", "AttemptSettings"]
@@ -76,9 +77,7 @@ class Attempt:
     def __init__(
         self,
         client: ControlPlaneClient,
-        task_id: uuid.UUID,
-        attempt: int,
-        lease_token: uuid.UUID,
+        fence: Fence,
         expires_at: datetime,
         *,
         settings: AttemptSettings,
@@ -86,9 +85,10 @@ class Attempt:
         capability_token: str | None = None,
     ) -> None:
         self.client = client
-        self.task_id = task_id
-        self.attempt = attempt
-        self.lease_token = lease_token
+        self.fence = fence
+        """What every write of the attempt presents (claim_version when known)."""
+        self.task_id = task_id_of(fence)
+        self.attempt = fence.attempt
         self.settings = settings
         self.clock = clock
         self.work = anyio.CancelScope()
@@ -143,9 +143,7 @@ class Attempt:
         """Extend the lease now; :class:`StaleClaim` once it is lost."""
         self._check()
         try:
-            beat = await self.client.heartbeat(
-                self.task_id, self.attempt, self.lease_token, self.capability_token
-            )
+            beat = await self.client.heartbeat(self.fence, self.capability_token)
         except (StaleClaim, NotFound) as exc:
             self.lose("stale")
             raise StaleClaim("tasks", self.task_id, f"heartbeat refused: {exc}") from exc

@@ -31,8 +31,10 @@ from typing import Any, Protocol
 
 from trace_core.authoring.events import AcceptResult, DatasetEvent
 from trace_core.errors import (
+    InvalidInput,
     TraceError,
 )
+from trace_core.model import Fence
 
 __all__ = [
     "ClaimResult",
@@ -40,6 +42,7 @@ __all__ = [
     "ControlPlaneRejected",
     "ControlPlaneUnavailable",
     "HeartbeatResult",
+    "task_id_of",
 ]
 
 
@@ -68,6 +71,13 @@ class ControlPlaneRejected(TraceError):
         self.reason = reason
 
 
+def task_id_of(fence: Fence) -> uuid.UUID:
+    """The task a worker's fence names (tasks are keyed by UUID)."""
+    if not isinstance(fence.item_id, uuid.UUID):
+        raise InvalidInput("task_id", f"{fence.item_id!r} is not a task id")
+    return fence.item_id
+
+
 @dataclass(frozen=True)
 class ClaimResult:
     """The answer to a claim: a lease on the task's current attempt, or the reason
@@ -80,11 +90,21 @@ class ClaimResult:
     lease_expires_at: datetime | None = None
     task: dict[str, Any] | None = None
     """The full task payload (the ``/internal/task-fetch`` shape), when claimed."""
+    claim_version: int | None = None
+    """The claim's ``claim_version`` when the control plane tells it (in process);
+    every later write of the attempt presents it as part of its fence."""
 
     @property
     def claimed(self) -> bool:
         """Whether the lease was granted."""
         return self.lease_token is not None
+
+    @property
+    def fence(self) -> Fence:
+        """What every write of the claimed attempt presents."""
+        if self.lease_token is None:
+            raise ValueError(f"task {self.task_id} was not claimed: {self.reason}")
+        return Fence(self.task_id, self.attempt, self.lease_token, self.claim_version)
 
 
 @dataclass(frozen=True)
@@ -113,13 +133,7 @@ class ControlPlaneClient(Protocol):
         """The task's full payload, read-only; :class:`NotFound` if it does not exist."""
         ...
 
-    async def heartbeat(
-        self,
-        task_id: uuid.UUID,
-        attempt: int,
-        lease_token: uuid.UUID,
-        capability_token: str | None = None,
-    ) -> HeartbeatResult:
+    async def heartbeat(self, fence: Fence, capability_token: str | None = None) -> HeartbeatResult:
         """Extend the lease of the current attempt; :class:`StaleClaim` if it is not.
 
         With the attempt's ``capability_token``, the answer carries a renewed
@@ -136,9 +150,7 @@ class ControlPlaneClient(Protocol):
 
     async def complete(
         self,
-        task_id: uuid.UUID,
-        attempt: int,
-        lease_token: uuid.UUID,
+        fence: Fence,
         events: Sequence[DatasetEvent],
         outputs: Sequence[Mapping[str, Any]] | None,
     ) -> None:
@@ -149,14 +161,7 @@ class ControlPlaneClient(Protocol):
         """
         ...
 
-    async def fail(
-        self,
-        task_id: uuid.UUID,
-        attempt: int,
-        lease_token: uuid.UUID,
-        error: str,
-        retryable: bool,
-    ) -> None:
+    async def fail(self, fence: Fence, error: str, retryable: bool) -> None:
         """Fail the attempt: a retry with backoff (``retryable``), or terminally.
 
         A repeated failure report of the same attempt changes nothing.

@@ -23,11 +23,13 @@ from typing import TYPE_CHECKING, Any
 
 from trace_core.authoring.events import AcceptResult, DatasetEvent
 from trace_core.errors import ConfigurationError, InvalidInput, NotFound, StaleClaim
+from trace_core.model import Fence
 from trace_core.worker.client import (
     ClaimResult,
     ControlPlaneRejected,
     ControlPlaneUnavailable,
     HeartbeatResult,
+    task_id_of,
 )
 
 if TYPE_CHECKING:
@@ -110,22 +112,12 @@ class HttpControlPlaneClient:
         """``GET /internal/task-fetch?task_id=``."""
         return await self._send("GET", "/internal/task-fetch", None, None, {"task_id": task_id})
 
-    async def heartbeat(
-        self,
-        task_id: uuid.UUID,
-        attempt: int,
-        lease_token: uuid.UUID,
-        capability_token: str | None = None,
-    ) -> HeartbeatResult:
+    async def heartbeat(self, fence: Fence, capability_token: str | None = None) -> HeartbeatResult:
         """``POST /internal/heartbeat`` (with the capability token to renew, if any)."""
-        request: dict[str, Any] = {
-            "task_id": str(task_id),
-            "attempt": attempt,
-            "lease_token": str(lease_token),
-        }
+        request = _fence_json(fence)
         if capability_token:
             request["capability_token"] = capability_token
-        body = await self._post("/internal/heartbeat", request, task_id)
+        body = await self._post("/internal/heartbeat", request, task_id_of(fence))
         renewed = body.get("capability_token")
         return HeartbeatResult(
             datetime.fromisoformat(str(body["lease_expires_at"])),
@@ -151,43 +143,30 @@ class HttpControlPlaneClient:
 
     async def complete(
         self,
-        task_id: uuid.UUID,
-        attempt: int,
-        lease_token: uuid.UUID,
+        fence: Fence,
         events: Sequence[DatasetEvent],
         outputs: Sequence[Mapping[str, Any]] | None,
     ) -> None:
         """``POST /internal/task-complete`` with ``status: Completed`` and the final events."""
-        report: dict[str, Any] = {
-            "task_id": str(task_id),
-            "attempt": attempt,
-            "lease_token": str(lease_token),
+        report = {
+            **_fence_json(fence),
             "status": "Completed",
             "events": [e.to_json() for e in events],
             "error_message": None,
         }
         if outputs is not None:
             report["outputs"] = [dict(o) for o in outputs]
-        await self._post("/internal/task-complete", report, task_id)
+        await self._post("/internal/task-complete", report, task_id_of(fence))
 
-    async def fail(
-        self,
-        task_id: uuid.UUID,
-        attempt: int,
-        lease_token: uuid.UUID,
-        error: str,
-        retryable: bool,
-    ) -> None:
+    async def fail(self, fence: Fence, error: str, retryable: bool) -> None:
         """``POST /internal/task-complete`` with ``status: Failed``."""
         report = {
-            "task_id": str(task_id),
-            "attempt": attempt,
-            "lease_token": str(lease_token),
+            **_fence_json(fence),
             "status": "Failed",
             "error_message": error,
             "retryable": retryable,
         }
-        await self._post("/internal/task-complete", report, task_id)
+        await self._post("/internal/task-complete", report, task_id_of(fence))
 
     async def report_canceled(self, task_id: uuid.UUID, attempt: int) -> None:
         """``POST /internal/task-complete`` with ``status: Canceled``."""
@@ -267,3 +246,13 @@ def _retry_after(headers: Mapping[str, str]) -> float | None:
         return max(0.0, float(value))
     except ValueError:
         return None
+
+
+def _fence_json(fence: Fence) -> dict[str, Any]:
+    """The fence as ``/internal/*`` takes it (interface-contracts.md, "Worker ->
+    Dispatcher": ``{task_id, attempt, lease_token}``; no ``claim_version``)."""
+    return {
+        "task_id": str(task_id_of(fence)),
+        "attempt": fence.attempt,
+        "lease_token": str(fence.lease_token),
+    }

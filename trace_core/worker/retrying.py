@@ -30,6 +30,7 @@ import anyio
 
 from trace_core.authoring.events import AcceptResult, DatasetEvent
 from trace_core.errors import ConfigurationError
+from trace_core.model import Fence
 from trace_core.retry import Backoff
 from trace_core.worker.client import (
     ClaimResult,
@@ -101,18 +102,9 @@ class RetryingClient:
         """See :meth:`ControlPlaneClient.fetch`."""
         return await self._call("fetch", lambda: self.inner.fetch(task_id))
 
-    async def heartbeat(
-        self,
-        task_id: uuid.UUID,
-        attempt: int,
-        lease_token: uuid.UUID,
-        capability_token: str | None = None,
-    ) -> HeartbeatResult:
+    async def heartbeat(self, fence: Fence, capability_token: str | None = None) -> HeartbeatResult:
         """See :meth:`ControlPlaneClient.heartbeat`."""
-        return await self._call(
-            "heartbeat",
-            lambda: self.inner.heartbeat(task_id, attempt, lease_token, capability_token),
-        )
+        return await self._call("heartbeat", lambda: self.inner.heartbeat(fence, capability_token))
 
     async def emit(
         self, task_id: uuid.UUID, attempt: int, events: Sequence[DatasetEvent]
@@ -122,30 +114,16 @@ class RetryingClient:
 
     async def complete(
         self,
-        task_id: uuid.UUID,
-        attempt: int,
-        lease_token: uuid.UUID,
+        fence: Fence,
         events: Sequence[DatasetEvent],
         outputs: Sequence[Mapping[str, Any]] | None,
     ) -> None:
         """See :meth:`ControlPlaneClient.complete`."""
-        await self._call(
-            "complete",
-            lambda: self.inner.complete(task_id, attempt, lease_token, events, outputs),
-        )
+        await self._call("complete", lambda: self.inner.complete(fence, events, outputs))
 
-    async def fail(
-        self,
-        task_id: uuid.UUID,
-        attempt: int,
-        lease_token: uuid.UUID,
-        error: str,
-        retryable: bool,
-    ) -> None:
+    async def fail(self, fence: Fence, error: str, retryable: bool) -> None:
         """See :meth:`ControlPlaneClient.fail`."""
-        await self._call(
-            "fail", lambda: self.inner.fail(task_id, attempt, lease_token, error, retryable)
-        )
+        await self._call("fail", lambda: self.inner.fail(fence, error, retryable))
 
     async def report_canceled(self, task_id: uuid.UUID, attempt: int) -> None:
         """See :meth:`ControlPlaneClient.report_canceled`."""

@@ -148,7 +148,15 @@ class WorkerWrapper:
         is unreachable or refused the worker): the wake-up should then be
         redelivered rather than acknowledged.
         """
-        claim = await self.client.claim(task_id, self.worker_id)
+        return await self.handle_claimed(await self.client.claim(task_id, self.worker_id))
+
+    async def handle_claimed(self, claim: ClaimResult) -> str:
+        """Run the attempt ``claim`` leased (made by :meth:`handle_wakeup`, or
+        elsewhere, e.g. by a stream claim); the outcome (module docstring).
+
+        A claim that was not granted runs nothing and is its reason.
+        """
+        task_id = claim.task_id
         if not claim.claimed:
             log.debug("task %s not claimed: %s", task_id, claim.reason)
             return claim.reason or "NotClaimed"
@@ -166,14 +174,11 @@ class WorkerWrapper:
         return await self._run(self._attempt(claim, payload), payload)
 
     def _attempt(self, claim: ClaimResult, payload: Mapping[str, Any]) -> Attempt:
-        assert claim.lease_token is not None
         expires: datetime = claim.lease_expires_at or self.clock.now()
         token = payload.get("capability_token")
         return Attempt(
             self.client,
-            claim.task_id,
-            claim.attempt,
-            claim.lease_token,
+            claim.fence,
             expires,
             settings=self.settings,
             clock=self.clock,
@@ -222,9 +227,7 @@ class WorkerWrapper:
             )
         final = result if isinstance(result, OperatorResult) else OperatorResult()
         try:
-            await self.client.complete(
-                attempt.task_id, attempt.attempt, attempt.lease_token, final.events, final.outputs
-            )
+            await self.client.complete(attempt.fence, final.events, final.outputs)
         except InvalidInput as exc:
             return await self._fail(attempt, f"invalid result: {exc}", retryable=False)
         except (StaleClaim, NotFound):
@@ -263,9 +266,7 @@ class WorkerWrapper:
 
     async def _fail(self, attempt: Attempt, error: str, *, retryable: bool) -> str:
         try:
-            await self.client.fail(
-                attempt.task_id, attempt.attempt, attempt.lease_token, error, retryable
-            )
+            await self.client.fail(attempt.fence, error, retryable)
         except (StaleClaim, NotFound):
             return STALE
         except (ControlPlaneUnavailable, ControlPlaneRejected, InvalidInput) as exc:
