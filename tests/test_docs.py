@@ -15,6 +15,7 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -155,17 +156,32 @@ def _python_examples() -> list[tuple[str, str]]:
 EXAMPLES = _python_examples()
 
 
-def _run_example(code: str, cwd: Path, timeout: float) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, timeout=timeout
-    )
+Ran = tuple[subprocess.CompletedProcess[str], Path]
+
+
+@pytest.fixture(scope="session")
+def run_example(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Ran]:
+    """Runs an example once per test process, in a directory of its own (two
+    tests read the Dispatcher example's output): its result and the directory."""
+    ran: dict[str, Ran] = {}
+
+    def run(code: str) -> Ran:
+        if code not in ran:
+            cwd = tmp_path_factory.mktemp("example")
+            done = subprocess.run(
+                [sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, timeout=300
+            )
+            ran[code] = (done, cwd)
+        return ran[code]
+
+    return run
 
 
 @pytest.mark.parametrize(("where", "code"), EXAMPLES, ids=[w for w, _ in EXAMPLES])
-def test_python_examples_run(where: str, code: str, tmp_path: Path) -> None:
-    done = _run_example(code, tmp_path, timeout=300)
+def test_python_examples_run(where: str, code: str, run_example: Callable[[str], Ran]) -> None:
+    done, cwd = run_example(code)
     assert done.returncode == 0, f"{where}: {done.stderr}"
-    assert list(tmp_path.glob("*.db")), f"{where}: each example works on a SQLite file"
+    assert list(cwd.glob("*.db")), f"{where}: each example works on a SQLite file"
 
 
 def test_the_examples_include_the_three_programs() -> None:
@@ -175,9 +191,9 @@ def test_the_examples_include_the_three_programs() -> None:
     assert any("TraceLite(" in code for _, code in EXAMPLES)
 
 
-def test_dispatcher_example_routes_each_unit_once(tmp_path: Path) -> None:
+def test_dispatcher_example_routes_each_unit_once(run_example: Callable[[str], Ran]) -> None:
     [code] = [code for _, code in EXAMPLES if "Dispatcher(" in code]
-    done = _run_example(code, tmp_path, timeout=120)
+    done, _ = run_example(code)
     assert done.returncode == 0, done.stderr
     assert sorted(re.findall(r"doubling cursor (\d+)", done.stdout)) == ["1", "2", "3"]
     assert "hello/double" in done.stdout and "tasks: Completed 3" in done.stdout
