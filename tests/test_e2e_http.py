@@ -104,6 +104,14 @@ def _spawn(args: list[str], log: Path) -> tuple[subprocess.Popen[bytes], IO[byte
     return process, out
 
 
+def worker_args(api: str, name: str, operators: str) -> list[str]:
+    """``trace-lite worker`` polling the platform stream of ``api`` as ``name``."""
+    return [
+        *("worker", "--api", api, "--streams", STREAM, "--worker-id", name),
+        *("--operators", operators, "--max-wait-ms", "1000"),
+    ]
+
+
 @pytest.fixture
 def processes() -> Iterator[list[tuple[subprocess.Popen[bytes], IO[bytes]]]]:
     """Started subprocesses, terminated (then killed) at the end of the test."""
@@ -161,22 +169,7 @@ def test_a_killed_workers_task_is_finished_by_the_other(
     workers = {}
     for name in ("w-a", "w-b"):
         log = tmp_path / f"{name}.log"
-        worker = _spawn(
-            [
-                "worker",
-                "--api",
-                base,
-                "--streams",
-                STREAM,
-                "--worker-id",
-                name,
-                "--operators",
-                OPERATORS_REF,
-                "--max-wait-ms",
-                "1000",
-            ],
-            log,
-        )
+        worker = _spawn(worker_args(base, name, OPERATORS_REF), log)
         processes.append(worker)
         workers[worker[0].pid] = (worker[0], log)
 

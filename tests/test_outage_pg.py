@@ -40,6 +40,7 @@ from tests.test_e2e_http import (  # the process helpers of the end-to-end test
     _free_port,
     _spawn,
     _until,
+    worker_args,
 )
 from tests.test_e2e_http import processes as e2e_processes  # noqa: F401 (a fixture)
 from trace_core.api.capability import CAPABILITY_HEADER
@@ -348,24 +349,7 @@ def test_work_survives_two_crash_restarts_under_serve_and_workers(
     url = _database(cluster, markers, mark_timeout=5)
     base = _serve(url, tmp_path, spawned)
     for name in ("w-a", "w-b"):
-        spawned.append(
-            _spawn(
-                [
-                    "worker",
-                    "--api",
-                    base,
-                    "--streams",
-                    STREAM,
-                    "--worker-id",
-                    name,
-                    "--operators",
-                    OPERATORS_REF,
-                    "--max-wait-ms",
-                    "1000",
-                ],
-                tmp_path / f"{name}.log",
-            )
-        )
+        spawned.append(_spawn(worker_args(base, name, OPERATORS_REF), tmp_path / f"{name}.log"))
     ticks: list[uuid.UUID] = []
 
     def all_done() -> bool | None:
