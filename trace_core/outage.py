@@ -3,7 +3,7 @@
 Every loop of the control plane that must outlive a database restart (the
 outbox relay, the Dispatcher's periodic services, the ``trace-lite worker``
 claim loop) keeps one :class:`LoopHealth`. After a failed round the loop calls
-:meth:`LoopHealth.backoff`: the first failure of a streak is logged (a warning
+:meth:`LoopHealth.backoff_after`: the first failure of a streak is logged (a warning
 for an outage, an error with its traceback for anything else), the later ones
 only at debug level, so a database that is down for ten minutes writes one
 line, not one per retry; then it waits the delay of

@@ -255,6 +255,7 @@ class OutboxRelay:
                                 await self.leases.reclaim_expired()
                                 next_reclaim = anyio.current_time() + self.config.poll_min_seconds
                             leases = await self.leases.claim_batch(self.worker_id, want)
+                            full = len(leases) == want
                             # The database answers again: retry what the
                             # outage cut off (their leases are still ours).
                             leases.extend(stranded)
@@ -263,7 +264,7 @@ class OutboxRelay:
                                 claimed += 1
                                 tg.start_soon(process, lease)
                             self.health.succeeded()
-                            if len(leases) == want or self._stop.is_set():
+                            if full or self._stop.is_set():
                                 continue
                         else:
                             self.health.succeeded()

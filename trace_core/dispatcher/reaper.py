@@ -142,6 +142,7 @@ class Reaper(PeriodicService):
     async def _reap_expired(self, report: ReapReport) -> None:
         # The queue's own reclaim, with the reason worded from the lease each
         # attempt held and terminal failures journaled in its transaction.
+        now = self.clock.now()
         jobs: dict[Any, uuid.UUID] = {}
 
         async def reasons(t: Transaction, fences: Sequence[Fence]) -> dict[Any, str]:
@@ -158,7 +159,6 @@ class Reaper(PeriodicService):
             if not outcome.retrying:
                 await _journal_dead(as_sql(t).connection, jobs[fence.item_id], fence, reason, now)
 
-        now = self.clock.now()
         reclaimed = await self.tasks.leases.reclaim_expired(
             limit=self.config.batch_size, hooks=ReclaimHooks(reasons, failed)
         )
