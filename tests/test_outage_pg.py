@@ -311,6 +311,13 @@ def test_every_route_answers_503_while_postgres_is_down_and_the_server_recovers(
                 assert isinstance(body, dict), (path, body)
                 assert body.get("error") == "unavailable" or path == "/readyz", (path, body)
         assert answers["/readyz"][1]["database"] == "unavailable"
+        # The relay polls at its own pace (at most every poll_max_seconds): the
+        # outage lasts until it has met it, so its once-only log is checked below.
+        log_path = tmp_path / "serve.log"
+        _until(
+            "the outbox relay to meet the outage",
+            lambda: "outbox relay: DatabaseUnavailable" in log_path.read_text() or None,
+        )
 
         cluster.resume()
 
@@ -335,7 +342,7 @@ def test_every_route_answers_503_while_postgres_is_down_and_the_server_recovers(
         readiness = api.get("/readyz").json()
         assert all(s["running"] and s["healthy"] for s in readiness["services"].values())
     assert server.poll() is None
-    log = (tmp_path / "serve.log").read_text()
+    log = log_path.read_text()
     assert "unhandled error" not in log and "Traceback" not in log, log
     # Each loop logged the outage once, not once per retry.
     assert log.count("outbox relay: DatabaseUnavailable") == 1, log
