@@ -363,7 +363,7 @@ async def journal_of(repo: SqlRepository, job_id: uuid.UUID) -> list[tuple[str, 
 
 async def job_state(repo: SqlRepository, job_id: uuid.UUID) -> tuple[bool, str | None]:
     async with repo.read() as tx:
-        return await read_pause(tx.connection, job_id)
+        return await read_pause(tx, job_id)
 
 
 @pytest.mark.anyio

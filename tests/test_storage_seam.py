@@ -16,7 +16,14 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 BEHIND_THE_SEAM = sorted(
-    [*(ROOT / "trace_core" / "dag").glob("*.py"), ROOT / "trace_core" / "api" / "streams.py"]
+    [
+        *(ROOT / "trace_core" / "dag").glob("*.py"),
+        ROOT / "trace_core" / "api" / "streams.py",
+        *(
+            ROOT / "trace_core" / "dispatcher" / f"{name}.py"
+            for name in ("backpressure", "capabilities", "concurrency", "job_states", "scale")
+        ),
+    ]
 )
 PORT_MODULES = sorted((ROOT / "trace_core" / "storage" / "ports").glob("*.py"))
 

@@ -25,12 +25,8 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
 
-import sqlalchemy as sa
-from sqlalchemy.ext.asyncio import AsyncConnection
-
 from trace_core.clock import Clock, SystemClock
 from trace_core.dag import LiveJob, live_jobs
-from trace_core.dispatcher import journal
 from trace_core.dispatcher.backpressure_plan import (
     PAUSE_PREFIX,
     BackpressureConfig,
@@ -45,10 +41,7 @@ from trace_core.dispatcher.backpressure_plan import (
 from trace_core.dispatcher.job_states import by_job_id, upsert_job_state
 from trace_core.dispatcher.periodic import PeriodicService
 from trace_core.errors import ConfigurationError
-from trace_core.storage import schema
-from trace_core.storage.protocol import Transaction
-from trace_core.storage.sql import SqlRepository, SqlTransaction
-from trace_core.storage.sql_leasing import status_in
+from trace_core.storage.protocol import Repository, Transaction
 
 __all__ = [
     "PAUSE_PREFIX",
@@ -95,32 +88,25 @@ async def load_job_graph(tx: Transaction) -> list[JobNode]:
     ]
 
 
-async def measure_queues(conn: AsyncConnection, now: datetime) -> dict[uuid.UUID, QueueMeasurement]:
+async def measure_queues(tx: Transaction, now: datetime) -> dict[uuid.UUID, QueueMeasurement]:
     """Depth and age of every job's queue, in one grouped query.
 
     Jobs with no queued task are absent (their measurement is zero).
     """
-    t = schema.tasks
-    rows = await conn.execute(
-        sa.select(t.c.job_id, sa.func.count(), sa.func.min(t.c.created_at))
-        .where(status_in(t.c.status, "Queued"))
-        .group_by(t.c.job_id)
-    )
     return {
         job_id: QueueMeasurement(
-            int(depth), 0.0 if oldest is None else max(0.0, (now - oldest).total_seconds())
+            q.depth,
+            0.0
+            if q.oldest_created_at is None
+            else max(0.0, (now - q.oldest_created_at).total_seconds()),
         )
-        for job_id, depth, oldest in rows
+        for job_id, q in (await tx.concurrency.queued_by_job()).items()
     }
 
 
-async def read_paused(conn: AsyncConnection) -> dict[uuid.UUID, str | None]:
+async def read_paused(tx: Transaction) -> dict[uuid.UUID, str | None]:
     """Every paused job and its reason (whoever paused it)."""
-    js = schema.job_states
-    rows = await conn.execute(
-        sa.select(js.c.job_id, js.c.pause_reason).where(js.c.paused == sa.true())
-    )
-    return {job_id: reason for job_id, reason in rows}
+    return await tx.job_states.paused_jobs()
 
 
 # --- the service ------------------------------------------------------------
@@ -143,7 +129,7 @@ class BackpressureMonitor(PeriodicService):
 
     def __init__(
         self,
-        repo: SqlRepository,
+        repo: Repository,
         *,
         clock: Clock | None = None,
         config: BackpressureConfig | None = None,
@@ -160,7 +146,7 @@ class BackpressureMonitor(PeriodicService):
     async def paused_jobs(self) -> dict[uuid.UUID, str]:
         """Every paused job and why (the router creates no tasks for them)."""
         async with self.repo.read() as tx:
-            paused = await read_paused(tx.connection)
+            paused = await read_paused(tx)
         return {job_id: reason or "paused" for job_id, reason in paused.items()}
 
     async def run_once(self) -> BackpressureReport:
@@ -169,10 +155,9 @@ class BackpressureMonitor(PeriodicService):
         # Read without the write lock (SQLite has one writer); the writes below
         # are conditional, so a concurrent monitor cannot make us journal twice.
         async with self.repo.read() as tx:
-            conn = tx.connection
             jobs = await load_job_graph(tx)
-            measurements = await measure_queues(conn, now)
-            current = await read_paused(conn)
+            measurements = await measure_queues(tx, now)
+            current = await read_paused(tx)
         ours = {
             job_id: reason
             for job_id, reason in current.items()
@@ -198,30 +183,29 @@ class BackpressureMonitor(PeriodicService):
             for job_id in work:
                 pause = plan.pauses.get(job_id)
                 if pause is None:
-                    if await self._resume(wtx.connection, job_id, ours[job_id], now):
+                    if await self._resume(wtx, job_id, ours[job_id], now):
                         report.resumed.append(job_id)
                 elif job_id not in ours:
                     if await self._pause(wtx, job_id, pause, plan, now):
                         report.paused.append(job_id)
                 else:
-                    await self._relabel(wtx.connection, job_id, pause, now)
+                    await self._relabel(wtx, job_id, pause, now)
         return report
 
     async def _pause(
         self,
-        tx: SqlTransaction,
+        tx: Transaction,
         job_id: uuid.UUID,
         pause: Pause,
         plan: BackpressurePlan,
         now: datetime,
     ) -> bool:
-        js = schema.job_states
         if not await upsert_job_state(
             tx,
             job_id,
             {"paused": True, "pause_reason": pause.reason, "paused_at": now},
             now=now,
-            where=[js.c.paused == sa.false()],
+            expected={"paused": False},
         ):
             return False  # paused meanwhile (by another monitor, or by hand)
         detail = {
@@ -236,23 +220,13 @@ class BackpressureMonitor(PeriodicService):
                 for c in pause.causes
             ]
         }
-        await journal.record(tx.connection, job_id, "paused", pause.reason, now=now, detail=detail)
+        await tx.job_states.journal(job_id, "paused", pause.reason, now=now, detail=detail)
         return True
 
-    async def _resume(
-        self, conn: AsyncConnection, job_id: uuid.UUID, reason: str, now: datetime
-    ) -> bool:
-        js = schema.job_states
-        stmt = (
-            sa.update(js)
-            .where(*self._ours(job_id))
-            .values(paused=False, pause_reason=None, paused_at=None, updated_at=now)
-            .returning(js.c.job_id)
-        )
-        if (await conn.execute(stmt)).first() is None:
+    async def _resume(self, tx: Transaction, job_id: uuid.UUID, reason: str, now: datetime) -> bool:
+        if not await tx.job_states.resume_if_paused_by(job_id, PAUSE_PREFIX, now=now):
             return False
-        await journal.record(
-            conn,
+        await tx.job_states.journal(
             job_id,
             "resumed",
             "backpressure cleared; was " + reason.removeprefix(PAUSE_PREFIX),
@@ -262,22 +236,8 @@ class BackpressureMonitor(PeriodicService):
         return True
 
     async def _relabel(
-        self, conn: AsyncConnection, job_id: uuid.UUID, pause: Pause, now: datetime
+        self, tx: Transaction, job_id: uuid.UUID, pause: Pause, now: datetime
     ) -> None:
         # Still paused, for another set of queues: the reason follows, no journal
         # entry (the journal records transitions, not every change of cause).
-        js = schema.job_states
-        await conn.execute(
-            sa.update(js)
-            .where(*self._ours(job_id))
-            .values(pause_reason=pause.reason, updated_at=now)
-        )
-
-    @staticmethod
-    def _ours(job_id: uuid.UUID) -> list[sa.ColumnElement[bool]]:
-        js = schema.job_states
-        return [
-            js.c.job_id == job_id,
-            js.c.paused == sa.true(),
-            js.c.pause_reason.startswith(PAUSE_PREFIX, autoescape=True),
-        ]
+        await tx.job_states.relabel_if_paused_by(job_id, PAUSE_PREFIX, pause.reason, now=now)

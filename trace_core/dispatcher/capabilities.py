@@ -40,8 +40,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import sqlalchemy as sa
-
 from trace_core.dispatcher.bounded import BoundedMemo
 from trace_core.errors import ConfigurationError, InvalidInput, NotFound
 from trace_core.security.claims import (
@@ -53,9 +51,7 @@ from trace_core.security.claims import (
 from trace_core.security.scopes import S3Prefix
 from trace_core.security.tokens import TokenIssuer
 from trace_core.security.verifier import TokenVerifier
-from trace_core.storage import schema
 from trace_core.storage.protocol import Repository
-from trace_core.storage.sql import as_sql
 
 __all__ = [
     "DEFAULT_REFRESH_FRACTION",
@@ -184,16 +180,11 @@ class CapabilityIssuer:
         if slug is not None:
             return slug
         assert self._repo is not None  # checked at construction
-        j, o = schema.jobs, schema.orgs
         async with self._repo.read() as tx:
-            found = (
-                await as_sql(tx).connection.execute(
-                    sa.select(o.c.slug).join(j, j.c.org_id == o.c.id).where(j.c.id == job_id)
-                )
-            ).scalar_one_or_none()
+            found = await tx.registry.org_slug_of_job(job_id)
         if found is None:
             raise NotFound(f"job {job_id} of the claimed task does not exist")
-        return self._orgs.put(job_id, str(found))
+        return self._orgs.put(job_id, found)
 
     def due(self, claims: CapabilityClaims) -> bool:
         """Whether less than ``refresh_fraction`` of the token's lifetime is left."""

@@ -38,17 +38,11 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-import sqlalchemy as sa
-from sqlalchemy.ext.asyncio import AsyncConnection
-
-from trace_core.dispatcher import journal
 from trace_core.dispatcher.bounded import BoundedMemo
-from trace_core.dispatcher.job_states import by_job_id, ensure_job_states, lock_job_states
+from trace_core.dispatcher.job_states import by_job_id
 from trace_core.errors import ConfigurationError
 from trace_core.model import TASKS, ClaimOutcome, Lease, NotClaimedReason
-from trace_core.storage import schema
-from trace_core.storage.sql import SqlRepository, SqlTransaction
-from trace_core.storage.sql_leasing import status_in
+from trace_core.storage.protocol import Repository, Transaction
 from trace_core.tasks import TaskQueue
 
 __all__ = [
@@ -109,39 +103,23 @@ class JobLimits:
 
 
 async def count_running(
-    conn: AsyncConnection, job_ids: Collection[uuid.UUID] | None = None
+    tx: Transaction, job_ids: Collection[uuid.UUID] | None = None
 ) -> dict[uuid.UUID, int]:
     """``Running`` tasks per job (of ``job_ids``, or of every job), one grouped query."""
-    t = schema.tasks
-    stmt = sa.select(t.c.job_id, sa.func.count()).where(status_in(t.c.status, "Running"))
-    if job_ids is not None:
-        if not job_ids:
-            return {}
-        stmt = stmt.where(t.c.job_id.in_(list(job_ids)))
-    rows = await conn.execute(stmt.group_by(t.c.job_id))
-    return {job_id: int(n) for job_id, n in rows}
+    return await tx.concurrency.running_by_job(job_ids)
 
 
-async def count_in_flight_by_operator(conn: AsyncConnection) -> dict[str, int]:
+async def count_in_flight_by_operator(tx: Transaction) -> dict[str, int]:
     """``Running`` tasks per operator (scaling control), one grouped query."""
-    t, j = schema.tasks, schema.jobs
-    rows = await conn.execute(
-        sa.select(j.c.operator, sa.func.count())
-        .select_from(t.join(j, j.c.id == t.c.job_id))
-        .where(status_in(t.c.status, "Running"))
-        .group_by(j.c.operator)
-    )
-    return {operator: int(n) for operator, n in rows}
+    return await tx.concurrency.running_by_operator()
 
 
 class ConcurrencyGate:
     """Claims tasks without exceeding any job's ``scaling.max_concurrency``."""
 
     def __init__(self, tasks: TaskQueue, *, config: ConcurrencyConfig | None = None) -> None:
-        if not isinstance(tasks.repo, SqlRepository):
-            raise ConfigurationError("ConcurrencyGate needs a TaskQueue on a SqlRepository")
         self.tasks = tasks
-        self.repo: SqlRepository = tasks.repo
+        self.repo: Repository = tasks.repo
         self.clock = tasks.clock
         self.config = config or ConcurrencyConfig()
         self._limits: dict[uuid.UUID, JobLimits] = {}
@@ -153,19 +131,17 @@ class ConcurrencyGate:
         ids = set(job_ids)
         if ids - self._limits.keys():
             async with self.repo.read() as tx:
-                await self._load_limits(tx.connection, ids)
+                await self._load_limits(tx, ids)
         return {job_id: self._limits[job_id] for job_id in ids if job_id in self._limits}
 
-    async def _load_limits(self, conn: AsyncConnection, job_ids: Iterable[uuid.UUID]) -> None:
+    async def _load_limits(self, tx: Transaction, job_ids: Iterable[uuid.UUID]) -> None:
         missing = [job_id for job_id in set(job_ids) if job_id not in self._limits]
         if not missing:
             return
-        j = schema.jobs
-        rows = await conn.execute(
-            sa.select(j.c.id, j.c.scaling, j.c.heartbeat_timeout_seconds).where(j.c.id.in_(missing))
-        )
-        for job_id, scaling, heartbeat in rows:
-            self._limits[job_id] = JobLimits.from_row(job_id, scaling, heartbeat)
+        for job_id, row in (await tx.concurrency.claim_settings(missing)).items():
+            self._limits[job_id] = JobLimits.from_row(
+                job_id, row.scaling, row.heartbeat_timeout_seconds
+            )
 
     async def claim(
         self,
@@ -191,26 +167,22 @@ class ConcurrencyGate:
                 return await self.tasks.leases.claim(
                     task_id, worker_id, lease_seconds=known.lease_seconds
                 )
-        t = schema.tasks
         async with self.repo.transaction() as tx:
-            conn = tx.connection
             if job_id is None:
-                job_id = (
-                    await conn.execute(sa.select(t.c.job_id).where(t.c.id == task_id))
-                ).scalar_one_or_none()
+                job_id = await tx.concurrency.job_of_task(task_id)
                 if job_id is None:
                     return ClaimOutcome(None, NotClaimedReason.NOT_FOUND)
                 self._task_jobs.put(task_id, job_id)
-            await self._load_limits(conn, [job_id])
+            await self._load_limits(tx, [job_id])
             limits = self._limits[job_id]
             if limits.max_concurrency is not None:
                 await self._lock_jobs(tx, [job_id])
-                running = (await count_running(conn, [job_id])).get(job_id, 0)
+                running = (await count_running(tx, [job_id])).get(job_id, 0)
                 if running >= limits.max_concurrency:
                     state = await tx.inspect(TASKS, task_id)
                     if state is None or state.status != TASKS.ready:
                         return ClaimOutcome(None, self.tasks.leases.refusal_reason(state))
-                    await self._journal_wait(conn, job_id, running, limits.max_concurrency)
+                    await self._journal_wait(tx, job_id, running, limits.max_concurrency)
                     return ClaimOutcome(None, NotClaimedReason.CONCURRENCY_LIMIT)
             return await self.tasks.leases.claim(
                 task_id, worker_id, tx=tx, lease_seconds=limits.lease_seconds
@@ -224,13 +196,10 @@ class ConcurrencyGate:
         dropped, so a freed slot must bring the waiting tasks back: this is
         the wake-up that was promised to them. Jobs without a limit need none.
         """
-        t = schema.tasks
         job_id = self._task_jobs.get(task_id)
         if job_id is None:
             async with self.repo.read() as tx:
-                job_id = (
-                    await tx.connection.execute(sa.select(t.c.job_id).where(t.c.id == task_id))
-                ).scalar_one_or_none()
+                job_id = await tx.concurrency.job_of_task(task_id)
             if job_id is None:
                 return []
             self._task_jobs.put(task_id, job_id)
@@ -238,21 +207,11 @@ class ConcurrencyGate:
         if limit is None or limit.max_concurrency is None:
             return []
         async with self.repo.transaction() as tx:
-            conn = tx.connection
-            running = (await count_running(conn, [job_id])).get(job_id, 0)
+            running = (await count_running(tx, [job_id])).get(job_id, 0)
             free = limit.max_concurrency - running
             if free <= 0:
                 return []
-            ids = list(
-                (
-                    await conn.execute(
-                        sa.select(t.c.id)
-                        .where(t.c.job_id == job_id, status_in(t.c.status, TASKS.ready))
-                        .order_by(t.c.queued_at, t.c.id)
-                        .limit(free)
-                    )
-                ).scalars()
-            )
+            ids = await tx.concurrency.oldest_queued_of_job(job_id, limit=free)
             await tx.wake_tasks(ids, self.tasks.wakeup, now=self.clock.now())
         return ids
 
@@ -265,24 +224,18 @@ class ConcurrencyGate:
         max_batch = self.tasks.leases.config.max_batch
         if not 1 <= limit <= max_batch:
             raise ConfigurationError(f"claim limit must be within 1..{max_batch}, got {limit}")
-        t = schema.tasks
         async with self.repo.transaction() as tx:
-            conn = tx.connection
-            running = await count_running(conn)
-            await self._load_limits(conn, running)
+            running = await count_running(tx)
+            await self._load_limits(tx, running)
             full = [
                 job_id
                 for job_id, n in running.items()
                 if (cap := self._limits[job_id].max_concurrency) is not None and n >= cap
             ]
-            pick = sa.select(t.c.id, t.c.job_id).where(status_in(t.c.status, "Queued"))
-            if full:
-                pick = pick.where(t.c.job_id.not_in(full))
-            pick = pick.order_by(t.c.queued_at, t.c.id).limit(limit * self.config.batch_scan_factor)
-            candidates: list[tuple[uuid.UUID, uuid.UUID]] = [
-                (row[0], row[1]) for row in await conn.execute(pick)
-            ]
-            await self._load_limits(conn, {job_id for _, job_id in candidates})
+            candidates = await tx.concurrency.oldest_queued_except_jobs(
+                full, limit=limit * self.config.batch_scan_factor
+            )
+            await self._load_limits(tx, {job_id for _, job_id in candidates})
             limited = {
                 job_id
                 for _, job_id in candidates
@@ -290,25 +243,16 @@ class ConcurrencyGate:
             }
             if limited:
                 await self._lock_jobs(tx, limited)
-                running.update(await count_running(conn, limited))  # counted under the locks
+                running.update(await count_running(tx, limited))  # counted under the locks
             capacity = {
                 job_id: (self._limits[job_id].max_concurrency or 0) - running.get(job_id, 0)
                 for job_id in limited
             }
-            if tx.engine_name == "postgres" and candidates:
+            if candidates:
                 # Take the candidates we may claim so concurrent pollers skip
                 # them instead of queueing behind our claims.
-                locked = set(
-                    (
-                        await conn.execute(
-                            sa.select(t.c.id)
-                            .where(
-                                t.c.id.in_([task_id for task_id, _ in candidates]),
-                                status_in(t.c.status, "Queued"),
-                            )
-                            .with_for_update(skip_locked=True)
-                        )
-                    ).scalars()
+                locked = await tx.concurrency.lock_claim_candidates(
+                    [task_id for task_id, _ in candidates]
                 )
                 candidates = [c for c in candidates if c[0] in locked]
             leases: list[Lease] = []
@@ -329,22 +273,19 @@ class ConcurrencyGate:
     async def in_flight_by_operator(self) -> dict[str, int]:
         """``Running`` tasks per operator."""
         async with self.repo.read() as tx:
-            return await count_in_flight_by_operator(tx.connection)
+            return await count_in_flight_by_operator(tx)
 
-    async def _lock_jobs(self, tx: SqlTransaction, job_ids: Iterable[uuid.UUID]) -> None:
+    async def _lock_jobs(self, tx: Transaction, job_ids: Iterable[uuid.UUID]) -> None:
         """Serialize claims of these jobs until ``tx`` ends (Postgres; SQLite already is)."""
-        if tx.engine_name != "postgres":
-            return
         now = self.clock.now()
         # One row at a time, in lock order, its creation included: a row this
         # transaction inserts is held like a locked one, so creating every
         # missing row first and locking afterwards could take them out of order.
         for job_id in by_job_id(job_ids):
-            await ensure_job_states(tx, [job_id], now=now)
-            await lock_job_states(tx, [job_id])
+            await tx.job_states.lock_for_claims(job_id, now=now)
 
     async def _journal_wait(
-        self, conn: AsyncConnection, job_id: uuid.UUID, running: int, limit: int
+        self, tx: Transaction, job_id: uuid.UUID, running: int, limit: int
     ) -> None:
         now = self.clock.now()
         last = self._journaled.get(job_id)
@@ -353,8 +294,7 @@ class ConcurrencyGate:
         ):
             return
         self._journaled[job_id] = now
-        await journal.record(
-            conn,
+        await tx.job_states.journal(
             job_id,
             CONCURRENCY_WAIT,
             f"claim refused: {running} tasks running, max_concurrency {limit}",

@@ -30,8 +30,8 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
@@ -47,6 +47,7 @@ from trace_core.leasing import FailOutcome
 from trace_core.model import TASKS, ClaimOutcome, Fence, Lease, NotClaimedReason
 from trace_core.retry import RetryClass
 from trace_core.storage.protocol import Repository, Transaction
+from trace_core.storage.scopes import per_statement_reads
 from trace_core.storage.sql import as_sql
 from trace_core.tasks import TaskQueue
 
@@ -307,19 +308,10 @@ class TaskControl:
         await self._released(fence)
         return outcome
 
-    @asynccontextmanager
-    async def _reads(self) -> AsyncIterator[Transaction]:
-        """Reads without a snapshot across statements: on Postgres an
-        autocommit connection (no ``BEGIN``/``COMMIT`` round trips; READ
-        COMMITTED takes a snapshot per statement in a transaction too), on
-        SQLite a deferred read transaction (``statement()`` would take the
-        write lock there)."""
-        if self.repo.engine_name == "postgres":
-            async with self.repo.autocommit() as tx:
-                yield tx
-        else:
-            async with self.repo.read() as tx:
-                yield tx
+    def _reads(self) -> AbstractAsyncContextManager[Transaction]:
+        """Reads without a snapshot across statements
+        (:func:`~trace_core.storage.scopes.per_statement_reads`)."""
+        return per_statement_reads(self.repo)
 
     def _remember(self, row: Mapping[str, Any]) -> JobFacts:
         """Keep the task's job and the job's facts from a :func:`task_rows` row."""

@@ -36,7 +36,7 @@ import sqlalchemy as sa
 from cronsim import CronSim, CronSimError
 
 from trace_core.clock import Clock, SystemClock
-from trace_core.dispatcher.job_states import RaceLost, read_pause, same_as, upsert_job_state
+from trace_core.dispatcher.job_states import RaceLost, read_pause, upsert_job_state
 from trace_core.dispatcher.journal import record
 from trace_core.dispatcher.periodic import PeriodicService, require_positive
 from trace_core.dispatcher.source_runs import (
@@ -238,12 +238,11 @@ class CronScheduler(PeriodicService):
             await self._fire(job, next_fire, due, now, report)
 
     async def _start(self, job: SourceJob, schedule: CronSchedule, now: datetime) -> None:
-        s = schema.job_states
         first = schedule.next_after(now)
         async with self.repo.transaction() as t:
             st = as_sql(t)
             if not await upsert_job_state(
-                st, job.job_id, {"next_fire_at": first}, now=now, where=[s.c.next_fire_at.is_(None)]
+                st, job.job_id, {"next_fire_at": first}, now=now, expected={"next_fire_at": None}
             ):
                 raise RaceLost
             await record(
@@ -259,7 +258,6 @@ class CronScheduler(PeriodicService):
     async def _fire(
         self, job: SourceJob, next_fire: datetime, due: CronDue, now: datetime, report: CronReport
     ) -> None:
-        s = schema.job_states
         fire = due.fire_at.isoformat()
         detail = {"fire_at": fire, "missed": due.missed, "next": due.next_fire_at.isoformat()}
         missed = f"; {due.missed} earlier missed fire(s) collapsed into it" if due.missed else ""
@@ -273,10 +271,10 @@ class CronScheduler(PeriodicService):
                 job.job_id,
                 {"next_fire_at": due.next_fire_at},
                 now=now,
-                where=[s.c.next_fire_at == next_fire],
+                expected={"next_fire_at": next_fire},
             ):
                 raise RaceLost
-            paused, reason = await read_pause(conn, job.job_id)
+            paused, reason = await read_pause(st, job.job_id)
             if paused:
                 await record(
                     conn,
@@ -313,7 +311,6 @@ class CronScheduler(PeriodicService):
     async def _mark_invalid(
         self, job_id: uuid.UUID, status: str | None, problem: str, now: datetime
     ) -> None:
-        s = schema.job_states
         async with self.repo.transaction() as t:
             st = as_sql(t)
             if not await upsert_job_state(
@@ -321,7 +318,7 @@ class CronScheduler(PeriodicService):
                 job_id,
                 {"source_status": str(SourceStatus.DEAD)},
                 now=now,
-                where=[same_as(s.c.source_status, status)],
+                expected={"source_status": status},
             ):
                 raise RaceLost
             await record(st.connection, job_id, "cron_invalid", problem, now=now)
@@ -329,11 +326,10 @@ class CronScheduler(PeriodicService):
     async def _retire(
         self, job_id: uuid.UUID, next_fire: datetime, now: datetime, report: CronReport
     ) -> None:
-        s = schema.job_states
         async with self.repo.transaction() as t:
             st = as_sql(t)
             if not await upsert_job_state(
-                st, job_id, {"next_fire_at": None}, now=now, where=[s.c.next_fire_at == next_fire]
+                st, job_id, {"next_fire_at": None}, now=now, expected={"next_fire_at": next_fire}
             ):
                 raise RaceLost
             await record(

@@ -3,7 +3,9 @@
 Helpers shared by the services that keep per-job state there (sources, cron,
 the manual trigger, the idle scaler, the concurrency gate, backpressure):
 creating the row on first use, locking rows, the upsert with an optional
-compare-and-set, and :class:`RaceLost` for a compare-and-set that lost.
+compare-and-set, and :class:`RaceLost` for a compare-and-set that lost. The
+statements are the ``tx.job_states`` area of the port
+(:mod:`trace_core.storage.ports.job_states`).
 
 **Lock order (Postgres).** A transaction that locks several ``job_states``
 rows takes them in job id order (:func:`by_job_id`), and ``job_states`` rows
@@ -14,15 +16,11 @@ none of them deadlock. SQLite has a single writer and needs no row locks.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from datetime import datetime
-from typing import Any
 
-import sqlalchemy as sa
-from sqlalchemy.ext.asyncio import AsyncConnection
-
-from trace_core.storage import schema
-from trace_core.storage.sql import SqlTransaction
+from trace_core.storage.ports.job_states import by_job_id
+from trace_core.storage.protocol import Transaction
 
 __all__ = [
     "RaceLost",
@@ -30,7 +28,6 @@ __all__ = [
     "ensure_job_states",
     "lock_job_states",
     "read_pause",
-    "same_as",
     "upsert_job_state",
 ]
 
@@ -40,67 +37,38 @@ class RaceLost(Exception):
     to another Dispatcher: the caller rolls back and does nothing."""
 
 
-def by_job_id(job_ids: Iterable[uuid.UUID]) -> list[uuid.UUID]:
-    """``job_ids`` deduplicated, in the lock order (Postgres ``uuid`` order)."""
-    return sorted(set(job_ids), key=lambda j: j.int)
-
-
 async def ensure_job_states(
-    st: SqlTransaction, job_ids: Iterable[uuid.UUID], *, now: datetime
+    tx: Transaction, job_ids: Iterable[uuid.UUID], *, now: datetime
 ) -> None:
     """Create the missing ``job_states`` rows (defaults) for ``job_ids``."""
-    ordered = by_job_id(job_ids)
-    if not ordered:
-        return
-    stmt = st.insert(schema.job_states).on_conflict_do_nothing()
-    await st.connection.execute(stmt, [{"job_id": j, "updated_at": now} for j in ordered])
+    await tx.job_states.ensure(by_job_id(job_ids), now=now)
 
 
-async def lock_job_states(st: SqlTransaction, job_ids: Iterable[uuid.UUID]) -> None:
+async def lock_job_states(tx: Transaction, job_ids: Iterable[uuid.UUID]) -> None:
     """Lock the existing ``job_states`` rows of ``job_ids`` until commit, in
     lock order (Postgres; SQLite's single writer needs no row locks)."""
-    ordered = by_job_id(job_ids)
-    if not ordered or st.engine_name != "postgres":
-        return
-    s = schema.job_states
-    # FOR UPDATE above ORDER BY takes the locks in the sorted order.
-    await st.connection.execute(
-        sa.select(s.c.job_id).where(s.c.job_id.in_(ordered)).order_by(s.c.job_id).with_for_update()
-    )
+    await tx.job_states.lock(by_job_id(job_ids))
 
 
 async def upsert_job_state(
-    st: SqlTransaction,
+    tx: Transaction,
     job_id: uuid.UUID,
-    values: Mapping[str, Any],
+    values: Mapping[str, object],
     *,
     now: datetime,
-    where: Sequence[sa.ColumnElement[bool]] = (),
+    expected: Mapping[str, object] | None = None,
 ) -> bool:
     """Set ``values`` on the job's ``job_states`` row, creating it first.
 
-    ``where`` makes the update a compare-and-set (False when it matched
-    nothing). The update also locks the row until commit, which serializes
+    ``expected`` makes the update a compare-and-set: every named field must
+    hold its value (``None``: unset), else nothing is set and the answer is
+    False. The update also locks the row until commit, which serializes
     services deciding about the same job (on Postgres; SQLite has one writer).
     """
-    await ensure_job_states(st, [job_id], now=now)
-    s = schema.job_states
-    result = await st.connection.execute(
-        sa.update(s).where(s.c.job_id == job_id, *where).values({**values, "updated_at": now})
-    )
-    return bool(result.rowcount)
+    return await tx.job_states.update_if_matches(job_id, values, now=now, expected=expected)
 
 
-def same_as(column: sa.ColumnElement[Any], value: object) -> sa.ColumnElement[bool]:
-    """``column = value``, or ``column IS NULL`` for ``None`` (compare-and-set guards)."""
-    return column.is_(None) if value is None else column == value
-
-
-async def read_pause(conn: AsyncConnection, job_id: uuid.UUID) -> tuple[bool, str | None]:
+async def read_pause(tx: Transaction, job_id: uuid.UUID) -> tuple[bool, str | None]:
     """Whether the job is paused (backpressure or by hand) and why; not paused
     when it has no ``job_states`` row yet."""
-    s = schema.job_states
-    row = (
-        await conn.execute(sa.select(s.c.paused, s.c.pause_reason).where(s.c.job_id == job_id))
-    ).first()
-    return (False, None) if row is None else (bool(row[0]), row[1])
+    return await tx.job_states.pause_state(job_id)

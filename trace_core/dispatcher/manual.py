@@ -85,7 +85,7 @@ class ManualTrigger:
             st = as_sql(t)
             conn = st.connection
             target = _resolve(await live_source_jobs(st), job)
-            paused, _ = await read_pause(conn, target.job_id)
+            paused, _ = await read_pause(st, target.job_id)
             if paused:
                 reason = "paused by backpressure"
                 await record(

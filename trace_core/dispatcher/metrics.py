@@ -80,9 +80,9 @@ async def render_metrics(repo: SqlRepository, clock: Clock) -> str:
     async with repo.read() as tx:
         conn = tx.connection
         jobs = await load_job_graph(tx)
-        queues = await measure_queues(conn, now)
-        paused = await read_paused(conn)
-        in_flight = await count_in_flight_by_operator(conn)
+        queues = await measure_queues(tx, now)
+        paused = await read_paused(tx)
+        in_flight = await count_in_flight_by_operator(tx)
         by_status = {
             status: int(n)
             for status, n in await conn.execute(

@@ -20,21 +20,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
-import sqlalchemy as sa
-
 from trace_core.clock import Clock, SystemClock
 from trace_core.dag import LiveJob, live_jobs, parse_duration
-from trace_core.dispatcher.job_states import (
-    by_job_id,
-    ensure_job_states,
-    lock_job_states,
-    same_as,
-)
-from trace_core.dispatcher.journal import record
+from trace_core.dispatcher.job_states import by_job_id, ensure_job_states, lock_job_states
 from trace_core.dispatcher.periodic import PeriodicService, require_positive
 from trace_core.errors import ConfigurationError
-from trace_core.storage import schema
-from trace_core.storage.sql import SqlRepository, as_sql
+from trace_core.storage.protocol import Repository
 
 __all__ = ["IdleScaler", "ScaleConfig", "ScaleReport", "idle_timeout_seconds"]
 
@@ -86,7 +77,7 @@ class IdleScaler(PeriodicService):
 
     def __init__(
         self,
-        repo: SqlRepository,
+        repo: Repository,
         *,
         clock: Clock | None = None,
         config: ScaleConfig | None = None,
@@ -100,78 +91,42 @@ class IdleScaler(PeriodicService):
         """Scale up jobs with work, scale to zero jobs idle past their timeout."""
         now = self.clock.now()
         report = ScaleReport()
-        s, t = schema.job_states, schema.tasks
         async with self.repo.transaction() as tx:
-            st = as_sql(tx)
-            conn = st.connection
-            jobs = {j.job_id: j for j in await live_jobs(st) if j.activation == "reactive"}
+            jobs = {j.job_id: j for j in await live_jobs(tx) if j.activation == "reactive"}
             if not jobs:
                 return report
             ids = list(jobs)
             states: dict[uuid.UUID, tuple[str, datetime | None]] = {
-                r[0]: (r[1], r[2])
-                for r in await conn.execute(
-                    sa.select(s.c.job_id, s.c.scale_state, s.c.last_activity_at).where(
-                        s.c.job_id.in_(ids)
-                    )
-                )
+                job_id: (state.scale_state, state.last_activity_at)
+                for job_id, state in (await tx.job_states.scale_states(ids)).items()
             }
             missing = [j for j in ids if j not in states]
-            await ensure_job_states(st, missing, now=now)
+            await ensure_job_states(tx, missing, now=now)
             states.update({j: (IDLE, None) for j in missing})
-            active = {
-                r[0]: int(r[1])
-                for r in await conn.execute(
-                    sa.select(t.c.job_id, sa.func.count())
-                    .where(t.c.status.in_(("Queued", "Running")), t.c.job_id.in_(ids))
-                    .group_by(t.c.job_id)
-                )
-            }
+            active = await tx.concurrency.active_by_job(ids)
             down = self._idle_past_timeout(jobs, states, active, now)
             # Only the rows that change are locked, in lock order (see job_states.py).
-            await lock_job_states(st, [*active, *down])
+            await lock_job_states(tx, [*active, *down])
             if active:
                 # Compare-and-set from Idle, so concurrent scalers journal once.
-                up = (
-                    await conn.execute(
-                        sa.update(s)
-                        .where(s.c.job_id.in_(list(active)), s.c.scale_state == IDLE)
-                        .values(scale_state=RUNNING, last_activity_at=now, updated_at=now)
-                        .returning(s.c.job_id)
-                    )
-                ).scalars()
+                up = await tx.job_states.mark_running_if_idle(list(active), now=now)
                 for job_id in by_job_id(up):
                     report.scaled_up.append(job_id)
                     n = active[job_id]
-                    await record(
-                        conn,
+                    await tx.job_states.journal(
                         job_id,
                         "scale_up",
                         f"scale up: {n} queued or running task(s)",
                         now=now,
                         detail={"active_tasks": n},
                     )
-                await conn.execute(
-                    sa.update(s)
-                    .where(s.c.job_id.in_(list(active)))
-                    .values(last_activity_at=now, updated_at=now)
-                )
+                await tx.job_states.touch_activity(list(active), now=now)
             for job_id, (idle, shown) in down.items():
                 last_activity = states[job_id][1]
-                changed = await conn.execute(
-                    sa.update(s)
-                    .where(
-                        s.c.job_id == job_id,
-                        s.c.scale_state == RUNNING,
-                        same_as(s.c.last_activity_at, last_activity),
-                    )
-                    .values(scale_state=IDLE, updated_at=now)
-                )
-                if not changed.rowcount:
+                if not await tx.job_states.mark_idle_if_unchanged(job_id, last_activity, now=now):
                     continue  # another scaler saw new work meanwhile
                 report.scaled_down.append(job_id)
-                await record(
-                    conn,
+                await tx.job_states.journal(
                     job_id,
                     "scale_to_zero",
                     f"scale to zero: no queued or running task for {idle:g} s "
@@ -212,14 +167,12 @@ class IdleScaler(PeriodicService):
 
     async def scale_states(self) -> dict[uuid.UUID, str]:
         """``Idle`` or ``Running`` for every live reactive job (``Idle`` if never seen)."""
-        s = schema.job_states
         async with self.repo.read() as tx:
-            conn = as_sql(tx).connection
             ids = [j.job_id for j in await live_jobs(tx) if j.activation == "reactive"]
             if not ids:
                 return {}
-            rows = await conn.execute(
-                sa.select(s.c.job_id, s.c.scale_state).where(s.c.job_id.in_(ids))
-            )
-            known = {r[0]: str(r[1]) for r in rows}
+            known = {
+                job_id: state.scale_state
+                for job_id, state in (await tx.job_states.scale_states(ids)).items()
+            }
         return {job_id: known.get(job_id, IDLE) for job_id in ids}

@@ -45,7 +45,6 @@ from trace_core.dispatcher.job_states import (
     RaceLost,
     by_job_id,
     lock_job_states,
-    same_as,
     upsert_job_state,
 )
 from trace_core.dispatcher.journal import record
@@ -189,13 +188,12 @@ class SourceSupervisor(PeriodicService):
             return
         async with self.repo.transaction() as t:
             st = as_sql(t)
-            s = schema.job_states
             ok = await upsert_job_state(
                 st,
                 job.job_id,
                 {"source_status": str(new), "source_restarts": run.deaths},
                 now=now,
-                where=[same_as(s.c.source_status, state.status), s.c.source_task_id == run.task_id],
+                expected={"source_status": state.status, "source_task_id": run.task_id},
             )
             if not ok:
                 raise RaceLost
@@ -219,7 +217,6 @@ class SourceSupervisor(PeriodicService):
     async def _start_run(
         self, job: SourceJob, previous: uuid.UUID | None, now: datetime, report: SourceReport
     ) -> None:
-        s = schema.job_states
         async with self.repo.transaction() as t:
             st = as_sql(t)
             created = await create_source_task(
@@ -240,7 +237,7 @@ class SourceSupervisor(PeriodicService):
                     "source_restarts": 0,
                 },
                 now=now,
-                where=[same_as(s.c.source_task_id, previous)],
+                expected={"source_task_id": previous},
             )
             if not ok:
                 raise RaceLost
@@ -266,7 +263,6 @@ class SourceSupervisor(PeriodicService):
         now: datetime,
         report: SourceReport,
     ) -> None:
-        s = schema.job_states
         reason = "source job no longer live (its DAG version was superseded)"
         async with self.repo.transaction() as t:
             st = as_sql(t)
@@ -275,7 +271,7 @@ class SourceSupervisor(PeriodicService):
                 job_id,
                 {"source_status": str(SourceStatus.STOPPED)},
                 now=now,
-                where=[s.c.source_status == status],
+                expected={"source_status": status},
             ):
                 raise RaceLost
             canceled: set[Any] = set()

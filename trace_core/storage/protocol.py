@@ -19,6 +19,8 @@ from typing import Any, Literal, Protocol
 
 from trace_core.model import Fence, ItemState, Lease, QueueSpec
 from trace_core.storage.ports import DeployOps, RegistryOps, TaskOps
+from trace_core.storage.ports.concurrency import ConcurrencyOps
+from trace_core.storage.ports.job_states import JobStateOps
 from trace_core.wakeup import Subscription
 
 __all__ = [
@@ -123,6 +125,16 @@ class Transaction(Protocol):
     @property
     def tasks(self) -> TaskOps:
         """Task lookups by job and runtime."""
+        ...
+
+    @property
+    def job_states(self) -> JobStateOps:
+        """The per-job state rows of the Dispatcher's services (pauses, scale state, ...)."""
+        ...
+
+    @property
+    def concurrency(self) -> ConcurrencyOps:
+        """Task counts per job and operator, and the concurrency gate's claim reads."""
         ...
 
     # --- the ownership protocol, one implementation for every queue ---------

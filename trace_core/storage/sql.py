@@ -29,8 +29,10 @@ from trace_core.storage.protocol import (
     TaskWakeup,
     Transaction,
 )
+from trace_core.storage.sql_concurrency import SqlConcurrencyOps
 from trace_core.storage.sql_deploy import SqlDeployOps
 from trace_core.storage.sql_errors import translate_errors
+from trace_core.storage.sql_job_states import SqlJobStateOps
 from trace_core.storage.sql_leasing import (
     LeaseStatements,
     fence_storable,
@@ -149,6 +151,16 @@ class SqlTransaction:
     def tasks(self) -> SqlTaskOps:
         """Task lookups by job and runtime (:mod:`~trace_core.storage.sql_tasks`)."""
         return SqlTaskOps(self)
+
+    @functools.cached_property
+    def job_states(self) -> SqlJobStateOps:
+        """Per-job state rows (:mod:`~trace_core.storage.sql_job_states`)."""
+        return SqlJobStateOps(self)
+
+    @functools.cached_property
+    def concurrency(self) -> SqlConcurrencyOps:
+        """Task counts and claim reads (:mod:`~trace_core.storage.sql_concurrency`)."""
+        return SqlConcurrencyOps(self)
 
     # --- ownership protocol -------------------------------------------------
 

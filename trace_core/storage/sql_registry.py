@@ -34,6 +34,12 @@ class SqlRegistryOps(SqlArea):
         rows = await self._rows("find org", sa.select(o.c.id).where(o.c.slug == slug))
         return rows[0][0] if rows else None
 
+    async def org_slug_of_job(self, job_id: uuid.UUID) -> str | None:
+        j, o = schema.jobs, schema.orgs
+        stmt = sa.select(o.c.slug).join(j, j.c.org_id == o.c.id).where(j.c.id == job_id)
+        rows = await self._rows("org of job", stmt)
+        return str(rows[0][0]) if rows else None
+
     async def create_org_if_absent(self, org_id: uuid.UUID, slug: str, *, now: datetime) -> None:
         stmt = (
             self._tx.insert(schema.orgs)

@@ -7,6 +7,7 @@ its SQL implementation is ``trace_core/storage/sql_<area>.py``. Nothing here
 imports SQLAlchemy. See docs/architecture.md, "The storage seam".
 """
 
+from trace_core.storage.ports.concurrency import ConcurrencyOps, JobClaimSettings, QueuedTasks
 from trace_core.storage.ports.deploy import (
     DagVersionRef,
     DagVersionRow,
@@ -18,6 +19,7 @@ from trace_core.storage.ports.deploy import (
     NewDagVersion,
     Pointers,
 )
+from trace_core.storage.ports.job_states import JobStateOps, ScaleState
 from trace_core.storage.ports.registry import (
     NewDataset,
     NewDatasetVersion,
@@ -28,20 +30,25 @@ from trace_core.storage.ports.registry import (
 from trace_core.storage.ports.tasks import RuntimeRoute, TaskOps
 
 __all__ = [
+    "ConcurrencyOps",
     "DagVersionRef",
     "DagVersionRow",
     "DeployOps",
+    "JobClaimSettings",
     "JobOutputs",
     "JobRecord",
+    "JobStateOps",
     "LiveVersion",
     "LiveVersionJob",
     "NewDagVersion",
     "NewDataset",
     "NewDatasetVersion",
     "Pointers",
+    "QueuedTasks",
     "RegisteredDataset",
     "RegistryOps",
     "RuntimeRoute",
+    "ScaleState",
     "TaskOps",
     "VersionProgress",
 ]

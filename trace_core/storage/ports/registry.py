@@ -83,6 +83,10 @@ class RegistryOps(Protocol):
         """The id of the org with ``slug``, or ``None`` if there is none."""
         ...
 
+    async def org_slug_of_job(self, job_id: uuid.UUID) -> str | None:
+        """The slug of the org the job belongs to, or ``None`` if there is no such job."""
+        ...
+
     async def create_org_if_absent(self, org_id: uuid.UUID, slug: str, *, now: datetime) -> None:
         """Insert the org ``(org_id, slug)`` unless an org with that id or slug exists.
 
