@@ -11,6 +11,7 @@ import uuid
 import pytest
 
 from tests.factories import set_progress
+from tests.test_storage_tasks import jobs
 from trace_core.clock import ManualClock
 from trace_core.storage.ports import NewDataset, NewDatasetVersion, RegisteredDataset
 from trace_core.storage.sql import SqlRepository
@@ -66,6 +67,13 @@ async def test_an_org_is_created_once_and_found_by_slug(
         # Same slug, another id: a no-op, not an error; the first org stays.
         await tx.registry.create_org_if_absent(uuid.uuid4(), "acme", now=clock.now())
         assert await tx.registry.find_org("acme") == first
+
+
+async def test_the_org_slug_of_a_job(repo: SqlRepository, clock: ManualClock) -> None:
+    (job_id,) = await jobs(repo, clock, ("spark", "x"))  # in org "acme"
+    async with repo.read() as tx:
+        assert await tx.registry.org_slug_of_job(job_id) == "acme"
+        assert await tx.registry.org_slug_of_job(uuid.uuid4()) is None
 
 
 async def test_registering_skips_a_taken_name_or_producer_slot(
