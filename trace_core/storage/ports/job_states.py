@@ -1,10 +1,11 @@
-"""The job-states area of the repository port: the one per-job row of the Dispatcher.
+"""The job-states area of the repository port: the one per-job row of the
+Dispatcher, and the job journal.
 
 Reached as ``tx.job_states`` on any :class:`~trace_core.storage.protocol.Transaction`.
 Every service that keeps per-job state (backpressure, sources, cron, the
 manual trigger, the idle scaler, the concurrency gate) reads and writes it
-here. Every method runs inside that transaction and sees its earlier writes;
-nothing commits by itself.
+here, and journals its decisions about a job. Every method runs inside that
+transaction and sees its earlier writes; nothing commits by itself.
 
 **Lock order.** Whatever locks several rows takes them in job id order
 (:func:`by_job_id`, the order of Postgres ``uuid``), and ``job_states`` rows
