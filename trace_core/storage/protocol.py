@@ -18,7 +18,7 @@ from datetime import datetime
 from typing import Any, Literal, Protocol
 
 from trace_core.model import Fence, ItemState, Lease, QueueSpec
-from trace_core.storage.ports import DeployOps, RegistryOps, TaskOps
+from trace_core.storage.ports import DeployOps, LaunchOps, RegistryOps, SourceOps, TaskOps
 from trace_core.wakeup import Subscription
 
 __all__ = [
@@ -123,6 +123,16 @@ class Transaction(Protocol):
     @property
     def tasks(self) -> TaskOps:
         """Task lookups by job and runtime."""
+        ...
+
+    @property
+    def sources(self) -> SourceOps:
+        """Source runs, cron schedules and the source services' journal."""
+        ...
+
+    @property
+    def launch(self) -> LaunchOps:
+        """Which tasks a wake-up may start, with their job's runtime."""
         ...
 
     # --- the ownership protocol, one implementation for every queue ---------

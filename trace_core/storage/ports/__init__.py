@@ -1,7 +1,7 @@
 """The areas of the repository port, one Protocol per area.
 
 A :class:`~trace_core.storage.protocol.Transaction` exposes each area as an
-attribute (``tx.registry``, ``tx.deploy``, ``tx.tasks``). Each module here
+attribute (``tx.registry``, ``tx.deploy``, ``tx.tasks``, …). Each module here
 holds one area's Protocol and the frozen dataclasses it takes and returns;
 its SQL implementation is ``trace_core/storage/sql_<area>.py``. Nothing here
 imports SQLAlchemy. See docs/architecture.md, "The storage seam".
@@ -18,6 +18,7 @@ from trace_core.storage.ports.deploy import (
     NewDagVersion,
     Pointers,
 )
+from trace_core.storage.ports.launch import LaunchOps, StartableTask
 from trace_core.storage.ports.registry import (
     NewDataset,
     NewDatasetVersion,
@@ -25,14 +26,23 @@ from trace_core.storage.ports.registry import (
     RegistryOps,
     VersionProgress,
 )
+from trace_core.storage.ports.sources import (
+    CronState,
+    SourceOps,
+    SourceRun,
+    SourceState,
+    SourceStatus,
+)
 from trace_core.storage.ports.tasks import RuntimeRoute, TaskOps
 
 __all__ = [
+    "CronState",
     "DagVersionRef",
     "DagVersionRow",
     "DeployOps",
     "JobOutputs",
     "JobRecord",
+    "LaunchOps",
     "LiveVersion",
     "LiveVersionJob",
     "NewDagVersion",
@@ -42,6 +52,11 @@ __all__ = [
     "RegisteredDataset",
     "RegistryOps",
     "RuntimeRoute",
+    "SourceOps",
+    "SourceRun",
+    "SourceState",
+    "SourceStatus",
+    "StartableTask",
     "TaskOps",
     "VersionProgress",
 ]
