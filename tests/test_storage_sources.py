@@ -435,9 +435,9 @@ async def test_pause_of_a_job_and_of_a_job_without_a_row(
     await set_job_state(repo, paused, paused=True, pause_reason="queue full")
     await set_job_state(repo, running)
     async with repo.read() as tx:
-        assert await tx.sources.pause_of(paused) == (True, "queue full")
-        assert await tx.sources.pause_of(running) == (False, None)
-        assert await tx.sources.pause_of(no_row) == (False, None)
+        assert await tx.sources.pause_state(paused) == (True, "queue full")
+        assert await tx.sources.pause_state(running) == (False, None)
+        assert await tx.sources.pause_state(no_row) == (False, None)
 
 
 async def test_journal_appends_and_journaled_jobs_finds_a_kind(

@@ -255,7 +255,7 @@ class CronScheduler(PeriodicService):
                 job.job_id, expected=next_fire, next_fire_at=due.next_fire_at, now=now
             ):
                 raise RaceLost
-            paused, reason = await t.sources.pause_of(job.job_id)
+            paused, reason = await t.sources.pause_state(job.job_id)
             if paused:
                 await t.sources.journal(
                     job.job_id,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 from trace_core.dispatcher.payload import task_payloads
 from trace_core.dispatcher.runtimes import RuntimeKind, RuntimeRegistry
@@ -55,8 +55,8 @@ class TaskLauncher:
                 r.task_id for r in rows if self.runtimes.get(r.runtime).kind is RuntimeKind.LAMBDA
             ]
             # payload.task_payloads is typed for the SQL transaction until its
-            # own module moves behind the port; ``tx`` is that transaction.
-            payloads = await task_payloads(tx, lambda_ids) if lambda_ids else {}  # type: ignore[arg-type]
+            # own module moves behind the port (then the cast goes); ``tx`` is one.
+            payloads = await task_payloads(cast(Any, tx), lambda_ids) if lambda_ids else {}
         queues: dict[str, list[uuid.UUID]] = {}
         local: list[uuid.UUID] = []
         for row in rows:

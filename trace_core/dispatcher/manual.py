@@ -81,7 +81,7 @@ class ManualTrigger:
         now = self.clock.now()
         async with self.repo.transaction() as t:
             target = _resolve(await live_source_jobs(t), job)
-            paused, _ = await t.sources.pause_of(target.job_id)
+            paused, _ = await t.sources.pause_state(target.job_id)
             if paused:
                 reason = "paused by backpressure"
                 await t.sources.journal(

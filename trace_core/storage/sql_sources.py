@@ -243,7 +243,7 @@ class SqlSourceOps(SqlArea):
 
     # --- pauses and the journal -----------------------------------------------------
 
-    async def pause_of(self, job_id: uuid.UUID) -> tuple[bool, str | None]:
+    async def pause_state(self, job_id: uuid.UUID) -> tuple[bool, str | None]:
         s = schema.job_states
         stmt = sa.select(s.c.paused, s.c.pause_reason).where(s.c.job_id == job_id)
         rows = await self._rows("job pause", stmt)

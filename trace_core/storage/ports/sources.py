@@ -209,7 +209,7 @@ class SourceOps(Protocol):
 
     # --- pauses and the journal -----------------------------------------------------
 
-    async def pause_of(self, job_id: uuid.UUID) -> tuple[bool, str | None]:
+    async def pause_state(self, job_id: uuid.UUID) -> tuple[bool, str | None]:
         """Whether the job is paused and why; ``(False, None)`` when it has no
         ``job_states`` row."""
         ...
