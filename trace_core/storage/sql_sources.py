@@ -31,14 +31,18 @@ class SqlSourceOps(SqlArea):
         values: Mapping[str, Any],
         *,
         now: datetime,
-        where: Collection[sa.ColumnElement[bool]] = (),
+        expected: Mapping[str, object] | None = None,
     ) -> bool:
-        """Create the job's row if missing, then set ``values`` where ``where``
-        holds (two statements; the UPDATE locks the row until commit)."""
+        """Create the job's row if missing, then set ``values`` if every field
+        of ``expected`` holds its value (``None``: unset); two statements, the
+        UPDATE locks the row until commit. Whether it was set."""
+        # The shape of the job-states area's compare-and-set, so that the two
+        # can share one implementation when both areas are in the same tree.
         s = schema.job_states
         insert = self._tx.insert(s).on_conflict_do_nothing()
         await self._run(what, insert, [{"job_id": job_id, "updated_at": now}])
-        update = sa.update(s).where(s.c.job_id == job_id, *where)
+        guards = [_same_as(s.c[name], value) for name, value in (expected or {}).items()]
+        update = sa.update(s).where(s.c.job_id == job_id, *guards)
         return bool(await self._count(what, update.values({**values, "updated_at": now})))
 
     # --- source jobs and their first task -------------------------------------
@@ -111,14 +115,15 @@ class SqlSourceOps(SqlArea):
         task_id: uuid.UUID,
         now: datetime,
     ) -> bool:
-        s = schema.job_states
         values = {
             "source_task_id": task_id,
             "source_status": str(SourceStatus.PENDING),
             "source_restarts": 0,
         }
-        where = [_same_as(s.c.source_task_id, previous)]
-        return await self._set_job_state("start source run", job_id, values, now=now, where=where)
+        expected = {"source_task_id": previous}
+        return await self._set_job_state(
+            "start source run", job_id, values, now=now, expected=expected
+        )
 
     async def set_run_status_if_current(
         self,
@@ -130,18 +135,19 @@ class SqlSourceOps(SqlArea):
         restarts: int,
         now: datetime,
     ) -> bool:
-        s = schema.job_states
         values = {"source_status": status, "source_restarts": restarts}
-        where = [_same_as(s.c.source_status, expected), s.c.source_task_id == task_id]
-        return await self._set_job_state("set run status", job_id, values, now=now, where=where)
+        guard = {"source_status": expected, "source_task_id": task_id}
+        return await self._set_job_state("set run status", job_id, values, now=now, expected=guard)
 
     async def set_source_status_if_status(
         self, job_id: uuid.UUID, *, expected: str | None, status: str, now: datetime
     ) -> bool:
-        s = schema.job_states
-        where = [_same_as(s.c.source_status, expected)]
         return await self._set_job_state(
-            "set source status", job_id, {"source_status": status}, now=now, where=where
+            "set source status",
+            job_id,
+            {"source_status": status},
+            now=now,
+            expected={"source_status": expected},
         )
 
     def _running_run(self) -> sa.ScalarSelect[Any]:
@@ -203,25 +209,23 @@ class SqlSourceOps(SqlArea):
     async def schedule_cron_if_unscheduled(
         self, job_id: uuid.UUID, *, first: datetime, now: datetime
     ) -> bool:
-        s = schema.job_states
         return await self._set_job_state(
             "schedule cron",
             job_id,
             {"next_fire_at": first},
             now=now,
-            where=[s.c.next_fire_at.is_(None)],
+            expected={"next_fire_at": None},
         )
 
     async def advance_cron_if_next_fire(
         self, job_id: uuid.UUID, *, expected: datetime, next_fire_at: datetime, now: datetime
     ) -> bool:
-        s = schema.job_states
         return await self._set_job_state(
             "advance cron",
             job_id,
             {"next_fire_at": next_fire_at},
             now=now,
-            where=[s.c.next_fire_at == expected],
+            expected={"next_fire_at": expected},
         )
 
     async def record_cron_fire(
@@ -232,13 +236,12 @@ class SqlSourceOps(SqlArea):
     async def clear_cron_if_next_fire(
         self, job_id: uuid.UUID, *, expected: datetime, now: datetime
     ) -> bool:
-        s = schema.job_states
         return await self._set_job_state(
             "clear cron",
             job_id,
             {"next_fire_at": None},
             now=now,
-            where=[s.c.next_fire_at == expected],
+            expected={"next_fire_at": expected},
         )
 
     # --- pauses and the journal -----------------------------------------------------
