@@ -15,14 +15,27 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
+DISPATCHER = ROOT / "trace_core" / "dispatcher"
+MOVED_DISPATCHER_MODULES = (
+    # control: job states, backpressure, concurrency, scale, capabilities
+    "backpressure",
+    "capabilities",
+    "concurrency",
+    "job_states",
+    "scale",
+    # sources: source runs, cron, manual triggers, backfill, task starts
+    "backfill",
+    "cron",
+    "launcher",
+    "manual",
+    "source_runs",
+    "sources",
+)
 BEHIND_THE_SEAM = sorted(
     [
         *(ROOT / "trace_core" / "dag").glob("*.py"),
         ROOT / "trace_core" / "api" / "streams.py",
-        *(
-            ROOT / "trace_core" / "dispatcher" / f"{name}.py"
-            for name in ("backpressure", "capabilities", "concurrency", "job_states", "scale")
-        ),
+        *(DISPATCHER / f"{name}.py" for name in MOVED_DISPATCHER_MODULES),
     ]
 )
 PORT_MODULES = sorted((ROOT / "trace_core" / "storage" / "ports").glob("*.py"))

@@ -14,16 +14,11 @@ import logging
 import uuid
 from dataclasses import dataclass
 
-import sqlalchemy as sa
-
 from trace_core.clock import Clock, SystemClock
 from trace_core.dag import live_jobs
-from trace_core.dispatcher.journal import record
 from trace_core.dispatcher.periodic import PeriodicService, require_positive
 from trace_core.dispatcher.routing import EventRouter
-from trace_core.storage import schema
 from trace_core.storage.protocol import Repository
-from trace_core.storage.sql import as_sql
 
 __all__ = ["BACKFILLED", "BackfillConfig", "Backfiller"]
 
@@ -63,7 +58,6 @@ class Backfiller(PeriodicService):
     async def run_once(self) -> list[uuid.UUID]:
         """Backfill every building job not backfilled yet; the jobs completed now."""
         async with self.repo.read() as tx:
-            conn = as_sql(tx).connection
             building = {
                 job.job_id
                 for job in await live_jobs(tx)
@@ -71,24 +65,14 @@ class Backfiller(PeriodicService):
             }
             if not building:
                 return []
-            j = schema.job_journal
-            done = set(
-                (
-                    await conn.execute(
-                        sa.select(j.c.job_id).where(
-                            j.c.kind == BACKFILLED, j.c.job_id.in_(building)
-                        )
-                    )
-                ).scalars()
-            )
+            done = await tx.sources.journaled_jobs(BACKFILLED, building)
         completed = []
         for job_id in sorted(building - done):
             report = await self.router.replay({job_id})
             if report.deferred:
                 continue  # paused: its history waits for the pause to lift
             async with self.repo.transaction() as tx:
-                await record(
-                    as_sql(tx).connection,
+                await tx.job_states.journal(
                     job_id,
                     BACKFILLED,
                     f"replayed {report.events} input events: {report.tasks_created} tasks"

@@ -32,12 +32,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-import sqlalchemy as sa
 from cronsim import CronSim, CronSimError
 
 from trace_core.clock import Clock, SystemClock
-from trace_core.dispatcher.job_states import RaceLost, read_pause, upsert_job_state
-from trace_core.dispatcher.journal import record
+from trace_core.dispatcher.job_states import RaceLost
 from trace_core.dispatcher.periodic import PeriodicService, require_positive
 from trace_core.dispatcher.source_runs import (
     SourceJob,
@@ -46,8 +44,7 @@ from trace_core.dispatcher.source_runs import (
     live_source_jobs,
 )
 from trace_core.errors import ConfigurationError
-from trace_core.storage import schema
-from trace_core.storage.sql import SqlRepository, as_sql
+from trace_core.storage.protocol import Repository
 from trace_core.tasks import TaskQueue
 
 __all__ = ["CronConfig", "CronDue", "CronReport", "CronSchedule", "CronScheduler", "cron_key"]
@@ -162,7 +159,7 @@ class CronScheduler(PeriodicService):
 
     def __init__(
         self,
-        repo: SqlRepository,
+        repo: Repository,
         *,
         clock: Clock | None = None,
         config: CronConfig | None = None,
@@ -188,27 +185,21 @@ class CronScheduler(PeriodicService):
         if self._draining:
             return report
         now = self.clock.now()
-        s = schema.job_states
         async with self.repo.read() as t:
-            conn = as_sql(t).connection
-            jobs = [j for j in await live_source_jobs(as_sql(t)) if j.kind == "cron"]
-            rows = await conn.execute(
-                sa.select(s.c.job_id, s.c.next_fire_at, s.c.source_status).where(
-                    sa.or_(s.c.job_id.in_([j.job_id for j in jobs]), s.c.next_fire_at.is_not(None))
-                )
-            )
-            states = {r[0]: (r[1], r[2]) for r in rows}
+            jobs = [j for j in await live_source_jobs(t) if j.kind == "cron"]
+            states = await t.sources.cron_states([j.job_id for j in jobs])
         live = {j.job_id for j in jobs}
         for job in jobs:
-            next_fire, status = states.get(job.job_id, (None, None))
+            state = states.get(job.job_id)
+            next_fire, status = (state.next_fire_at, state.source_status) if state else (None, None)
             try:
                 await self._job(job, next_fire, status, now, report)
             except RaceLost:
                 continue  # another Dispatcher acted on this job first
-        for job_id, (next_fire, _) in states.items():
-            if job_id not in live and next_fire is not None:
+        for job_id, state in states.items():
+            if job_id not in live and state.next_fire_at is not None:
                 try:
-                    await self._retire(job_id, next_fire, now, report)
+                    await self._retire(job_id, state.next_fire_at, now, report)
                 except RaceLost:
                     continue
         return report
@@ -240,13 +231,9 @@ class CronScheduler(PeriodicService):
     async def _start(self, job: SourceJob, schedule: CronSchedule, now: datetime) -> None:
         first = schedule.next_after(now)
         async with self.repo.transaction() as t:
-            st = as_sql(t)
-            if not await upsert_job_state(
-                st, job.job_id, {"next_fire_at": first}, now=now, expected={"next_fire_at": None}
-            ):
+            if not await t.sources.schedule_cron_if_unscheduled(job.job_id, first=first, now=now):
                 raise RaceLost
-            await record(
-                st.connection,
+            await t.job_states.journal(
                 job.job_id,
                 "cron_scheduled",
                 f"cron {schedule.expression!r} ({schedule.timezone}): "
@@ -262,22 +249,15 @@ class CronScheduler(PeriodicService):
         detail = {"fire_at": fire, "missed": due.missed, "next": due.next_fire_at.isoformat()}
         missed = f"; {due.missed} earlier missed fire(s) collapsed into it" if due.missed else ""
         async with self.repo.transaction() as t:
-            st = as_sql(t)
-            conn = st.connection
             # Compare-and-set on the fire time we read: exactly one pass, in
             # one Dispatcher, gets to fire it.
-            if not await upsert_job_state(
-                st,
-                job.job_id,
-                {"next_fire_at": due.next_fire_at},
-                now=now,
-                expected={"next_fire_at": next_fire},
+            if not await t.sources.advance_cron_if_next_fire(
+                job.job_id, expected=next_fire, next_fire_at=due.next_fire_at, now=now
             ):
                 raise RaceLost
-            paused, reason = await read_pause(st, job.job_id)
+            paused, reason = await t.job_states.pause_state(job.job_id)
             if paused:
-                await record(
-                    conn,
+                await t.job_states.journal(
                     job.job_id,
                     "cron_skipped",
                     f"cron fire at {fire} skipped: paused by backpressure"
@@ -289,7 +269,7 @@ class CronScheduler(PeriodicService):
                 report.skipped.append(job.job_id)
                 return
             created = await create_source_task(
-                st,
+                t,
                 self.tasks,
                 job,
                 cron_key(job.job_id, due.fire_at),
@@ -297,9 +277,8 @@ class CronScheduler(PeriodicService):
                 inputs={"cron": {"fire_at": fire, "missed": due.missed}},
                 handicap_seconds=self.handicap(job.priority_tier),
             )
-            await upsert_job_state(st, job.job_id, {"last_fired_at": due.fire_at}, now=now)
-            await record(
-                conn,
+            await t.sources.record_cron_fire(job.job_id, fired_at=due.fire_at, now=now)
+            await t.job_states.journal(
                 job.job_id,
                 "cron_fired",
                 f"cron fired for {fire}: task {created.task_id}{missed}",
@@ -312,28 +291,19 @@ class CronScheduler(PeriodicService):
         self, job_id: uuid.UUID, status: str | None, problem: str, now: datetime
     ) -> None:
         async with self.repo.transaction() as t:
-            st = as_sql(t)
-            if not await upsert_job_state(
-                st,
-                job_id,
-                {"source_status": str(SourceStatus.DEAD)},
-                now=now,
-                expected={"source_status": status},
+            if not await t.sources.set_source_status_if_status(
+                job_id, expected=status, status=str(SourceStatus.DEAD), now=now
             ):
                 raise RaceLost
-            await record(st.connection, job_id, "cron_invalid", problem, now=now)
+            await t.job_states.journal(job_id, "cron_invalid", problem, now=now)
 
     async def _retire(
         self, job_id: uuid.UUID, next_fire: datetime, now: datetime, report: CronReport
     ) -> None:
         async with self.repo.transaction() as t:
-            st = as_sql(t)
-            if not await upsert_job_state(
-                st, job_id, {"next_fire_at": None}, now=now, expected={"next_fire_at": next_fire}
-            ):
+            if not await t.sources.clear_cron_if_next_fire(job_id, expected=next_fire, now=now):
                 raise RaceLost
-            await record(
-                st.connection,
+            await t.job_states.journal(
                 job_id,
                 "cron_retired",
                 "cron schedule stopped: job no longer live (its DAG version was superseded)",

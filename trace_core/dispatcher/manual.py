@@ -23,11 +23,9 @@ from dataclasses import dataclass
 from trace_core.authoring.events import AcceptResult, DatasetEvent
 from trace_core.clock import Clock, SystemClock
 from trace_core.dispatcher.events import EventGateway
-from trace_core.dispatcher.job_states import read_pause
-from trace_core.dispatcher.journal import record
 from trace_core.dispatcher.source_runs import SourceJob, create_source_task, live_source_jobs
 from trace_core.errors import ConfigurationError, NotFound
-from trace_core.storage.sql import SqlRepository, as_sql
+from trace_core.storage.protocol import Repository
 from trace_core.tasks import TaskQueue
 
 __all__ = ["ManualRun", "ManualTrigger"]
@@ -53,7 +51,7 @@ class ManualTrigger:
 
     def __init__(
         self,
-        repo: SqlRepository,
+        repo: Repository,
         *,
         clock: Clock | None = None,
         tasks: TaskQueue | None = None,
@@ -82,14 +80,11 @@ class ManualTrigger:
             )
         now = self.clock.now()
         async with self.repo.transaction() as t:
-            st = as_sql(t)
-            conn = st.connection
-            target = _resolve(await live_source_jobs(st), job)
-            paused, _ = await read_pause(st, target.job_id)
+            target = _resolve(await live_source_jobs(t), job)
+            paused, _ = await t.job_states.pause_state(target.job_id)
             if paused:
                 reason = "paused by backpressure"
-                await record(
-                    conn,
+                await t.job_states.journal(
                     target.job_id,
                     "manual_refused",
                     f"manual trigger {key!r} refused: {reason}",
@@ -98,11 +93,10 @@ class ManualTrigger:
                 )
                 return ManualRun(target.job_id, None, False, reason)
             created = await create_source_task(
-                st, self.tasks, target, f"manual:{key}", now=now, inputs={"manual": {"key": key}}
+                t, self.tasks, target, f"manual:{key}", now=now, inputs={"manual": {"key": key}}
             )
             if created.created:
-                await record(
-                    conn,
+                await t.job_states.journal(
                     target.job_id,
                     "manual_task",
                     f"manual trigger {key!r} created task {created.task_id}",

@@ -14,6 +14,9 @@ on the same things, defined here so none of them imports another:
 - the always-on run as stored: its dedupe key (:func:`source_run_key`), and
   its ``job_states`` row joined with its task row (:func:`read_source_states`,
   :func:`derive_status`, :func:`retired_sources`).
+
+They reach the database through the sources area of the port
+(``tx.sources``, :mod:`trace_core.storage.ports.sources`).
 """
 
 from __future__ import annotations
@@ -22,18 +25,11 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from enum import StrEnum
 from typing import Any
 
-import sqlalchemy as sa
-from sqlalchemy.ext.asyncio import AsyncConnection
-
 from trace_core.dag import live_jobs
-from trace_core.dispatcher.job_states import upsert_job_state
-from trace_core.dispatcher.journal import record
-from trace_core.storage import schema
-from trace_core.storage.protocol import NewTask, TaskCreated
-from trace_core.storage.sql import SqlTransaction
+from trace_core.storage.ports.sources import SourceRun, SourceState, SourceStatus
+from trace_core.storage.protocol import NewTask, TaskCreated, Transaction
 from trace_core.tasks import TaskQueue
 
 __all__ = [
@@ -48,16 +44,6 @@ __all__ = [
     "retired_sources",
     "source_run_key",
 ]
-
-
-class SourceStatus(StrEnum):
-    """``job_states.source_status`` (Source Job Lifecycle)."""
-
-    PENDING = "Pending"
-    RUNNING = "Running"
-    DEAD = "Dead"
-    DRAINING = "Draining"
-    STOPPED = "Stopped"
 
 
 # --- the live source jobs ----------------------------------------------------
@@ -82,16 +68,12 @@ class SourceJob:
     priority_tier: str
 
 
-async def live_source_jobs(st: SqlTransaction) -> list[SourceJob]:
+async def live_source_jobs(tx: Transaction) -> list[SourceJob]:
     """The live source jobs (:func:`trace_core.dag.live_jobs`) with their bootstrap."""
-    live = [j for j in await live_jobs(st) if j.activation == "source"]
+    live = [j for j in await live_jobs(tx) if j.activation == "source"]
     if not live:
         return []
-    jobs = schema.jobs
-    rows = await st.connection.execute(
-        sa.select(jobs.c.id, jobs.c.bootstrap).where(jobs.c.id.in_([j.job_id for j in live]))
-    )
-    bootstrap = {r[0]: r[1] or {} for r in rows}
+    bootstrap = await tx.sources.job_bootstraps([j.job_id for j in live])
     out = []
     for job in live:
         source = dict(job.source or {})
@@ -124,7 +106,7 @@ def source_run_key(job_id: uuid.UUID, previous_run: uuid.UUID | None = None) -> 
 
 
 async def create_source_task(
-    st: SqlTransaction,
+    tx: Transaction,
     tasks: TaskQueue,
     job: SourceJob,
     dedupe_key: str,
@@ -134,17 +116,16 @@ async def create_source_task(
     max_attempts: int | None = None,
     handicap_seconds: float = 0.0,
 ) -> TaskCreated:
-    """Create (once per ``dedupe_key``) a task of a source job, in ``st``.
+    """Create (once per ``dedupe_key``) a task of a source job, in ``tx``.
 
     Applies ``bootstrap.reset_outputs`` to the job's first task: the flag in
     its ``input_versions`` and the deletion of the job's ``operator_state``.
     """
-    conn = st.connection
     # Lock the job's state row first, so two creators cannot both see "no
     # task yet" and both reset (Postgres; SQLite serializes writers anyway).
-    await upsert_job_state(st, job.job_id, {}, now=now)
+    await tx.job_states.update_if_matches(job.job_id, {}, now=now)
     input_versions = dict(inputs or {})
-    bootstrap = job.reset_outputs and not await _has_tasks(conn, job.job_id)
+    bootstrap = job.reset_outputs and not await tx.sources.job_has_tasks(job.job_id)
     if bootstrap:
         input_versions["bootstrap"] = {"reset_outputs": True}
     [created] = await tasks.create(
@@ -157,64 +138,22 @@ async def create_source_task(
                 handicap_seconds=handicap_seconds,
             )
         ],
-        tx=st,
+        tx=tx,
     )
     if created.created and bootstrap:
-        o = schema.operator_state
-        deleted = await conn.execute(
-            sa.delete(o).where(o.c.org_id == job.org_id, o.c.job_id == job.job_id)
-        )
-        await record(
-            conn,
+        deleted = await tx.sources.clear_operator_state(job.org_id, job.job_id)
+        await tx.job_states.journal(
             job.job_id,
             "bootstrap_reset",
             f"first task {created.task_id} resets the outputs; "
-            f"{deleted.rowcount} operator_state row(s) cleared",
+            f"{deleted} operator_state row(s) cleared",
             now=now,
-            detail={"task_id": str(created.task_id), "operator_state_deleted": deleted.rowcount},
+            detail={"task_id": str(created.task_id), "operator_state_deleted": deleted},
         )
     return created
 
 
-async def _has_tasks(conn: AsyncConnection, job_id: uuid.UUID) -> bool:
-    t = schema.tasks
-    # Every task of a source job has a dedupe key; saying so lets the lookup
-    # use the (job_id, dedupe_key) partial index instead of scanning tasks.
-    stmt = sa.select(t.c.id).where(t.c.job_id == job_id, t.c.dedupe_key.is_not(None)).limit(1)
-    return (await conn.execute(stmt)).first() is not None
-
-
 # --- the always-on run as stored ----------------------------------------------
-
-
-@dataclass(frozen=True)
-class SourceRun:
-    """The task row of a job's always-on run (``job_states.source_task_id``)."""
-
-    task_id: uuid.UUID
-    status: str
-    attempt: int
-    claim_version: int
-    next_retry_at: datetime | None
-    error: str | None
-
-    @property
-    def deaths(self) -> int:
-        """Attempts of this run that died (failed), from the task row alone."""
-        if self.status == "Failed" or (self.status == "Queued" and self.claim_version > 0):
-            return self.attempt
-        return self.attempt - 1
-
-
-@dataclass(frozen=True)
-class SourceState:
-    """A job's ``job_states`` source columns, with its run's task row."""
-
-    status: str | None
-    task_id: uuid.UUID | None
-    restarts: int
-    paused: bool
-    run: SourceRun | None
 
 
 def derive_status(run: SourceRun, draining: bool) -> SourceStatus:
@@ -231,44 +170,14 @@ def derive_status(run: SourceRun, draining: bool) -> SourceStatus:
 
 
 async def read_source_states(
-    conn: AsyncConnection, job_ids: list[uuid.UUID]
+    tx: Transaction, job_ids: list[uuid.UUID]
 ) -> dict[uuid.UUID, SourceState]:
     """The :class:`SourceState` of those of ``job_ids`` that have a ``job_states`` row."""
-    if not job_ids:
-        return {}
-    s, t = schema.job_states, schema.tasks
-    rows = await conn.execute(
-        sa.select(
-            s.c.job_id,
-            s.c.source_status,
-            s.c.source_task_id,
-            s.c.source_restarts,
-            s.c.paused,
-            t.c.status,
-            t.c.attempt,
-            t.c.claim_version,
-            t.c.next_retry_at,
-            t.c.error_message,
-        )
-        .select_from(s.outerjoin(t, t.c.id == s.c.source_task_id))
-        .where(s.c.job_id.in_(job_ids))
-    )
-    out = {}
-    for r in rows:
-        run = SourceRun(r[2], r[5], r[6], r[7], r[8], r[9]) if r[5] is not None else None
-        out[r[0]] = SourceState(r[1], r[2], r[3], bool(r[4]), run)
-    return out
+    return await tx.sources.source_states(job_ids)
 
 
 async def retired_sources(
-    conn: AsyncConnection, live: set[uuid.UUID]
+    tx: Transaction, live: set[uuid.UUID]
 ) -> list[tuple[uuid.UUID, str, uuid.UUID | None]]:
     """``(job, status, run)`` of jobs that are not live but whose source is not stopped."""
-    s = schema.job_states
-    active = [str(x) for x in SourceStatus if x != SourceStatus.STOPPED]
-    rows = await conn.execute(
-        sa.select(s.c.job_id, s.c.source_status, s.c.source_task_id).where(
-            s.c.source_status.in_(active)
-        )
-    )
-    return [(r[0], r[1], r[2]) for r in rows if r[0] not in live]
+    return [row for row in await tx.sources.active_sources() if row[0] not in live]

@@ -38,16 +38,8 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-import sqlalchemy as sa
-
 from trace_core.clock import Clock, SystemClock
-from trace_core.dispatcher.job_states import (
-    RaceLost,
-    by_job_id,
-    lock_job_states,
-    upsert_job_state,
-)
-from trace_core.dispatcher.journal import record
+from trace_core.dispatcher.job_states import RaceLost, by_job_id
 from trace_core.dispatcher.periodic import PeriodicService, require_positive
 from trace_core.dispatcher.source_runs import (
     SourceJob,
@@ -62,8 +54,7 @@ from trace_core.dispatcher.source_runs import (
     source_run_key,
 )
 from trace_core.errors import ConfigurationError
-from trace_core.storage import schema
-from trace_core.storage.sql import SqlRepository, as_sql
+from trace_core.storage.protocol import Repository
 from trace_core.tasks import TaskQueue
 
 __all__ = [
@@ -123,7 +114,7 @@ class SourceSupervisor(PeriodicService):
 
     def __init__(
         self,
-        repo: SqlRepository,
+        repo: Repository,
         *,
         clock: Clock | None = None,
         config: SourceConfig | None = None,
@@ -149,10 +140,9 @@ class SourceSupervisor(PeriodicService):
         now = self.clock.now()
         report = SourceReport()
         async with self.repo.read() as t:
-            conn = as_sql(t).connection
-            jobs = await live_source_jobs(as_sql(t))
-            states = await read_source_states(conn, [j.job_id for j in jobs])
-            retired = await retired_sources(conn, {j.job_id for j in jobs})
+            jobs = await live_source_jobs(t)
+            states = await read_source_states(t, [j.job_id for j in jobs])
+            retired = await retired_sources(t, {j.job_id for j in jobs})
         for job in jobs:
             state = states.get(job.job_id)
             if job.kind != "always_on":
@@ -187,19 +177,18 @@ class SourceSupervisor(PeriodicService):
         if new == state.status and run.deaths == state.restarts:
             return
         async with self.repo.transaction() as t:
-            st = as_sql(t)
-            ok = await upsert_job_state(
-                st,
+            ok = await t.sources.set_run_status_if_current(
                 job.job_id,
-                {"source_status": str(new), "source_restarts": run.deaths},
+                task_id=run.task_id,
+                expected=state.status,
+                status=str(new),
+                restarts=run.deaths,
                 now=now,
-                expected={"source_status": state.status, "source_task_id": run.task_id},
             )
             if not ok:
                 raise RaceLost
             kind, message = _describe(run, state, new)
-            await record(
-                st.connection,
+            await t.job_states.journal(
                 job.job_id,
                 kind,
                 message,
@@ -218,9 +207,8 @@ class SourceSupervisor(PeriodicService):
         self, job: SourceJob, previous: uuid.UUID | None, now: datetime, report: SourceReport
     ) -> None:
         async with self.repo.transaction() as t:
-            st = as_sql(t)
             created = await create_source_task(
-                st,
+                t,
                 self.tasks,
                 job,
                 source_run_key(job.job_id, previous),
@@ -228,22 +216,13 @@ class SourceSupervisor(PeriodicService):
                 max_attempts=self.config.run_max_attempts,
                 handicap_seconds=self.handicap(job.priority_tier),
             )
-            ok = await upsert_job_state(
-                st,
-                job.job_id,
-                {
-                    "source_task_id": created.task_id,
-                    "source_status": str(SourceStatus.PENDING),
-                    "source_restarts": 0,
-                },
-                now=now,
-                expected={"source_task_id": previous},
+            ok = await t.sources.start_run_if_previous(
+                job.job_id, previous=previous, task_id=created.task_id, now=now
             )
             if not ok:
                 raise RaceLost
             after = f" after run {previous} stopped" if previous else ""
-            await record(
-                st.connection,
+            await t.job_states.journal(
                 job.job_id,
                 "source_start",
                 f"source run {created.task_id} created{after}; waiting for a worker",
@@ -265,20 +244,15 @@ class SourceSupervisor(PeriodicService):
     ) -> None:
         reason = "source job no longer live (its DAG version was superseded)"
         async with self.repo.transaction() as t:
-            st = as_sql(t)
-            if not await upsert_job_state(
-                st,
-                job_id,
-                {"source_status": str(SourceStatus.STOPPED)},
-                now=now,
-                expected={"source_status": status},
+            if not await t.sources.set_source_status_if_status(
+                job_id, expected=status, status=str(SourceStatus.STOPPED), now=now
             ):
                 raise RaceLost
             canceled: set[Any] = set()
             if task_id is not None:
-                canceled = await self.tasks.leases.cancel([task_id], reason=reason, tx=st)
+                canceled = await self.tasks.leases.cancel([task_id], reason=reason, tx=t)
             message = reason + (f"; run {task_id} canceled" if canceled else "")
-            await record(st.connection, job_id, "source_retired", message, now=now)
+            await t.job_states.journal(job_id, "source_retired", message, now=now)
         report.retired.append(job_id)
         report.transitions.append((job_id, status, str(SourceStatus.STOPPED)))
 
@@ -295,40 +269,16 @@ class SourceSupervisor(PeriodicService):
         """
         self._draining = True
         now = self.clock.now()
-        s, t = schema.job_states, schema.tasks
         drained: list[uuid.UUID] = []
         async with self.repo.transaction() as tx:
-            st = as_sql(tx)
-            conn = st.connection
-            running = sa.select(t.c.id).where(t.c.status == "Running").scalar_subquery()
-            candidates = (
-                await conn.execute(
-                    sa.select(s.c.job_id).where(
-                        s.c.source_status == str(SourceStatus.RUNNING),
-                        s.c.source_task_id.in_(running),
-                    )
-                )
-            ).scalars()
-            ordered = by_job_id(candidates)
-            await lock_job_states(st, ordered)
+            ordered = by_job_id(await tx.sources.running_sources())
+            await tx.job_states.lock(ordered)
             for job_id in ordered:
-                task_id = (
-                    await conn.execute(
-                        sa.update(s)
-                        .where(
-                            s.c.job_id == job_id,
-                            s.c.source_status == str(SourceStatus.RUNNING),
-                            s.c.source_task_id.in_(running),
-                        )
-                        .values(source_status=str(SourceStatus.DRAINING), updated_at=now)
-                        .returning(s.c.source_task_id)
-                    )
-                ).scalar()
+                task_id = await tx.sources.drain_run_if_running(job_id, now=now)
                 if task_id is None:
                     continue  # changed since the scan
                 drained.append(job_id)
-                await record(
-                    conn,
+                await tx.job_states.journal(
                     job_id,
                     "source_draining",
                     f"shutdown: source run {task_id} asked to stop",
@@ -344,13 +294,8 @@ class SourceSupervisor(PeriodicService):
         is paused by backpressure, else ``RUN`` (also for tasks that are not
         always-on runs).
         """
-        s = schema.job_states
         async with self.repo.read() as t:
-            row = (
-                await as_sql(t).connection.execute(
-                    sa.select(s.c.source_status, s.c.paused).where(s.c.source_task_id == task_id)
-                )
-            ).first()
+            row = await t.sources.run_directive_state(task_id)
         if row is None:
             return SourceDirective.RUN
         if row[0] in (SourceStatus.DRAINING, SourceStatus.STOPPED):

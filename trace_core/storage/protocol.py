@@ -18,7 +18,7 @@ from datetime import datetime
 from typing import Any, Literal, Protocol
 
 from trace_core.model import Fence, ItemState, Lease, QueueSpec
-from trace_core.storage.ports import DeployOps, RegistryOps, TaskOps
+from trace_core.storage.ports import DeployOps, LaunchOps, RegistryOps, SourceOps, TaskOps
 from trace_core.storage.ports.concurrency import ConcurrencyOps
 from trace_core.storage.ports.job_states import JobStateOps
 from trace_core.wakeup import Subscription
@@ -135,6 +135,16 @@ class Transaction(Protocol):
     @property
     def concurrency(self) -> ConcurrencyOps:
         """Task counts per job and operator, and the concurrency gate's claim reads."""
+        ...
+
+    @property
+    def sources(self) -> SourceOps:
+        """Source runs, cron schedules and the source services' journal."""
+        ...
+
+    @property
+    def launch(self) -> LaunchOps:
+        """Which tasks a wake-up may start, with their job's runtime."""
         ...
 
     # --- the ownership protocol, one implementation for every queue ---------

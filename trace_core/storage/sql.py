@@ -33,6 +33,7 @@ from trace_core.storage.sql_concurrency import SqlConcurrencyOps
 from trace_core.storage.sql_deploy import SqlDeployOps
 from trace_core.storage.sql_errors import translate_errors
 from trace_core.storage.sql_job_states import SqlJobStateOps
+from trace_core.storage.sql_launch import SqlLaunchOps
 from trace_core.storage.sql_leasing import (
     LeaseStatements,
     fence_storable,
@@ -40,6 +41,7 @@ from trace_core.storage.sql_leasing import (
     status_in,
 )
 from trace_core.storage.sql_registry import SqlRegistryOps
+from trace_core.storage.sql_sources import SqlSourceOps
 from trace_core.storage.sql_tasks import SqlTaskOps
 from trace_core.storage.url import DatabaseURL, parse_database_url
 from trace_core.wakeup import Subscription, WakeupHub
@@ -161,6 +163,16 @@ class SqlTransaction:
     def concurrency(self) -> SqlConcurrencyOps:
         """Task counts and claim reads (:mod:`~trace_core.storage.sql_concurrency`)."""
         return SqlConcurrencyOps(self)
+
+    @functools.cached_property
+    def sources(self) -> SqlSourceOps:
+        """Source runs, cron schedules, their journal (:mod:`~trace_core.storage.sql_sources`)."""
+        return SqlSourceOps(self, self.job_states)
+
+    @functools.cached_property
+    def launch(self) -> SqlLaunchOps:
+        """Startable tasks and their runtime (:mod:`~trace_core.storage.sql_launch`)."""
+        return SqlLaunchOps(self)
 
     # --- ownership protocol -------------------------------------------------
 

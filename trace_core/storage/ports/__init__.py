@@ -1,7 +1,7 @@
 """The areas of the repository port, one Protocol per area.
 
 A :class:`~trace_core.storage.protocol.Transaction` exposes each area as an
-attribute (``tx.registry``, ``tx.deploy``, ``tx.tasks``). Each module here
+attribute (``tx.registry``, ``tx.deploy``, ``tx.tasks``, …). Each module here
 holds one area's Protocol and the frozen dataclasses it takes and returns;
 its SQL implementation is ``trace_core/storage/sql_<area>.py``. Nothing here
 imports SQLAlchemy. See docs/architecture.md, "The storage seam".
@@ -20,6 +20,7 @@ from trace_core.storage.ports.deploy import (
     Pointers,
 )
 from trace_core.storage.ports.job_states import JobStateOps, ScaleState
+from trace_core.storage.ports.launch import LaunchOps, StartableTask
 from trace_core.storage.ports.registry import (
     NewDataset,
     NewDatasetVersion,
@@ -27,10 +28,18 @@ from trace_core.storage.ports.registry import (
     RegistryOps,
     VersionProgress,
 )
+from trace_core.storage.ports.sources import (
+    CronState,
+    SourceOps,
+    SourceRun,
+    SourceState,
+    SourceStatus,
+)
 from trace_core.storage.ports.tasks import RuntimeRoute, TaskOps
 
 __all__ = [
     "ConcurrencyOps",
+    "CronState",
     "DagVersionRef",
     "DagVersionRow",
     "DeployOps",
@@ -38,6 +47,7 @@ __all__ = [
     "JobOutputs",
     "JobRecord",
     "JobStateOps",
+    "LaunchOps",
     "LiveVersion",
     "LiveVersionJob",
     "NewDagVersion",
@@ -49,6 +59,11 @@ __all__ = [
     "RegistryOps",
     "RuntimeRoute",
     "ScaleState",
+    "SourceOps",
+    "SourceRun",
+    "SourceState",
+    "SourceStatus",
+    "StartableTask",
     "TaskOps",
     "VersionProgress",
 ]
