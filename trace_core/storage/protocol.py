@@ -19,6 +19,7 @@ from typing import Any, Literal, Protocol
 
 from trace_core.model import Fence, ItemState, Lease, QueueSpec
 from trace_core.storage.ports import DeployOps, RegistryOps, TaskOps
+from trace_core.storage.ports.operator_state import OperatorStateOps
 from trace_core.wakeup import Subscription
 
 __all__ = [
@@ -123,6 +124,11 @@ class Transaction(Protocol):
     @property
     def tasks(self) -> TaskOps:
         """Task lookups by job and runtime."""
+        ...
+
+    @property
+    def operator_state(self) -> OperatorStateOps:
+        """Versioned per-job operator state."""
         ...
 
     # --- the ownership protocol, one implementation for every queue ---------

@@ -37,6 +37,7 @@ from trace_core.storage.sql_leasing import (
     finishable,
     status_in,
 )
+from trace_core.storage.sql_operator_state import SqlOperatorStateOps
 from trace_core.storage.sql_registry import SqlRegistryOps
 from trace_core.storage.sql_tasks import SqlTaskOps
 from trace_core.storage.url import DatabaseURL, parse_database_url
@@ -149,6 +150,11 @@ class SqlTransaction:
     def tasks(self) -> SqlTaskOps:
         """Task lookups by job and runtime (:mod:`~trace_core.storage.sql_tasks`)."""
         return SqlTaskOps(self)
+
+    @functools.cached_property
+    def operator_state(self) -> SqlOperatorStateOps:
+        """Versioned per-job operator state (:mod:`~trace_core.storage.sql_operator_state`)."""
+        return SqlOperatorStateOps(self)
 
     # --- ownership protocol -------------------------------------------------
 

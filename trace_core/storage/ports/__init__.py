@@ -18,6 +18,11 @@ from trace_core.storage.ports.deploy import (
     NewDagVersion,
     Pointers,
 )
+from trace_core.storage.ports.operator_state import (
+    OperatorStateKey,
+    OperatorStateOps,
+    StoredState,
+)
 from trace_core.storage.ports.registry import (
     NewDataset,
     NewDatasetVersion,
@@ -38,10 +43,13 @@ __all__ = [
     "NewDagVersion",
     "NewDataset",
     "NewDatasetVersion",
+    "OperatorStateKey",
+    "OperatorStateOps",
     "Pointers",
     "RegisteredDataset",
     "RegistryOps",
     "RuntimeRoute",
+    "StoredState",
     "TaskOps",
     "VersionProgress",
 ]
