@@ -145,7 +145,7 @@ class TaskControl:
         With a capability issuer the payload carries ``capability_token``.
         """
         async with self._reads() as tx:
-            rows = await task_rows(as_sql(tx).connection, [task_id])
+            rows = await task_rows(tx, [task_id])
         if not rows:
             return ClaimedTask(ClaimOutcome(None, NotClaimedReason.NOT_FOUND), None)
         row = rows[0]
@@ -335,7 +335,7 @@ class TaskControl:
         if facts is not None:
             return facts
         async with self._reads() as tx:
-            rows = await task_rows(as_sql(tx).connection, [task_id])
+            rows = await task_rows(tx, [task_id])
         return self._remember(rows[0]) if rows else None
 
     async def _released(self, fence: Fence) -> None:

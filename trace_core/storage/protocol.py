@@ -20,6 +20,7 @@ from typing import Any, Literal, Protocol
 from trace_core.model import Fence, ItemState, Lease, QueueSpec
 from trace_core.storage.ports import DeployOps, RegistryOps, TaskOps
 from trace_core.storage.ports.operator_state import OperatorStateOps
+from trace_core.storage.ports.payload import PayloadOps
 from trace_core.wakeup import Subscription
 
 __all__ = [
@@ -129,6 +130,11 @@ class Transaction(Protocol):
     @property
     def operator_state(self) -> OperatorStateOps:
         """Versioned per-job operator state."""
+        ...
+
+    @property
+    def payload(self) -> PayloadOps:
+        """What task payloads are built from (tasks, their jobs, pointers)."""
         ...
 
     # --- the ownership protocol, one implementation for every queue ---------

@@ -38,6 +38,7 @@ from trace_core.storage.sql_leasing import (
     status_in,
 )
 from trace_core.storage.sql_operator_state import SqlOperatorStateOps
+from trace_core.storage.sql_payload import SqlPayloadOps
 from trace_core.storage.sql_registry import SqlRegistryOps
 from trace_core.storage.sql_tasks import SqlTaskOps
 from trace_core.storage.url import DatabaseURL, parse_database_url
@@ -155,6 +156,11 @@ class SqlTransaction:
     def operator_state(self) -> SqlOperatorStateOps:
         """Versioned per-job operator state (:mod:`~trace_core.storage.sql_operator_state`)."""
         return SqlOperatorStateOps(self)
+
+    @functools.cached_property
+    def payload(self) -> SqlPayloadOps:
+        """What task payloads are built from (:mod:`~trace_core.storage.sql_payload`)."""
+        return SqlPayloadOps(self)
 
     # --- ownership protocol -------------------------------------------------
 

@@ -23,6 +23,7 @@ from trace_core.storage.ports.operator_state import (
     OperatorStateOps,
     StoredState,
 )
+from trace_core.storage.ports.payload import PayloadOps, VersionPointer
 from trace_core.storage.ports.registry import (
     NewDataset,
     NewDatasetVersion,
@@ -45,11 +46,13 @@ __all__ = [
     "NewDatasetVersion",
     "OperatorStateKey",
     "OperatorStateOps",
+    "PayloadOps",
     "Pointers",
     "RegisteredDataset",
     "RegistryOps",
     "RuntimeRoute",
     "StoredState",
     "TaskOps",
+    "VersionPointer",
     "VersionProgress",
 ]
