@@ -21,6 +21,7 @@ from trace_core.model import Fence, ItemState, Lease, QueueSpec
 from trace_core.storage.ports import DeployOps, RegistryOps, TaskOps
 from trace_core.storage.ports.operator_state import OperatorStateOps
 from trace_core.storage.ports.payload import PayloadOps
+from trace_core.storage.ports.standalone import StandaloneOps
 from trace_core.wakeup import Subscription
 
 __all__ = [
@@ -135,6 +136,11 @@ class Transaction(Protocol):
     @property
     def payload(self) -> PayloadOps:
         """What task payloads are built from (tasks, their jobs, pointers)."""
+        ...
+
+    @property
+    def standalone(self) -> StandaloneOps:
+        """Jobs outside any deployed DAG, for the task queue on its own."""
         ...
 
     # --- the ownership protocol, one implementation for every queue ---------

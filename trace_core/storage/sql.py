@@ -40,6 +40,7 @@ from trace_core.storage.sql_leasing import (
 from trace_core.storage.sql_operator_state import SqlOperatorStateOps
 from trace_core.storage.sql_payload import SqlPayloadOps
 from trace_core.storage.sql_registry import SqlRegistryOps
+from trace_core.storage.sql_standalone import SqlStandaloneOps
 from trace_core.storage.sql_tasks import SqlTaskOps
 from trace_core.storage.url import DatabaseURL, parse_database_url
 from trace_core.wakeup import Subscription, WakeupHub
@@ -161,6 +162,11 @@ class SqlTransaction:
     def payload(self) -> SqlPayloadOps:
         """What task payloads are built from (:mod:`~trace_core.storage.sql_payload`)."""
         return SqlPayloadOps(self)
+
+    @functools.cached_property
+    def standalone(self) -> SqlStandaloneOps:
+        """Jobs outside any deployed DAG (:mod:`~trace_core.storage.sql_standalone`)."""
+        return SqlStandaloneOps(self)
 
     # --- ownership protocol -------------------------------------------------
 

@@ -31,6 +31,7 @@ from trace_core.storage.ports.registry import (
     RegistryOps,
     VersionProgress,
 )
+from trace_core.storage.ports.standalone import StandaloneJob, StandaloneOps
 from trace_core.storage.ports.tasks import RuntimeRoute, TaskOps
 
 __all__ = [
@@ -51,6 +52,8 @@ __all__ = [
     "RegisteredDataset",
     "RegistryOps",
     "RuntimeRoute",
+    "StandaloneJob",
+    "StandaloneOps",
     "StoredState",
     "TaskOps",
     "VersionPointer",
