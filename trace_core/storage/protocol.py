@@ -21,6 +21,7 @@ from trace_core.model import Fence, ItemState, Lease, QueueSpec
 from trace_core.storage.ports import DeployOps, RegistryOps, TaskOps
 from trace_core.storage.ports.operator_state import OperatorStateOps
 from trace_core.storage.ports.payload import PayloadOps
+from trace_core.storage.ports.reaper import ReaperOps
 from trace_core.storage.ports.standalone import StandaloneOps
 from trace_core.wakeup import Subscription
 
@@ -141,6 +142,11 @@ class Transaction(Protocol):
     @property
     def standalone(self) -> StandaloneOps:
         """Jobs outside any deployed DAG, for the task queue on its own."""
+        ...
+
+    @property
+    def reaper(self) -> ReaperOps:
+        """What the reaper reads about running attempts and their leases."""
         ...
 
     # --- the ownership protocol, one implementation for every queue ---------

@@ -39,6 +39,7 @@ from trace_core.storage.sql_leasing import (
 )
 from trace_core.storage.sql_operator_state import SqlOperatorStateOps
 from trace_core.storage.sql_payload import SqlPayloadOps
+from trace_core.storage.sql_reaper import SqlReaperOps
 from trace_core.storage.sql_registry import SqlRegistryOps
 from trace_core.storage.sql_standalone import SqlStandaloneOps
 from trace_core.storage.sql_tasks import SqlTaskOps
@@ -167,6 +168,11 @@ class SqlTransaction:
     def standalone(self) -> SqlStandaloneOps:
         """Jobs outside any deployed DAG (:mod:`~trace_core.storage.sql_standalone`)."""
         return SqlStandaloneOps(self)
+
+    @functools.cached_property
+    def reaper(self) -> SqlReaperOps:
+        """What the reaper reads (:mod:`~trace_core.storage.sql_reaper`)."""
+        return SqlReaperOps(self)
 
     # --- ownership protocol -------------------------------------------------
 

@@ -24,6 +24,7 @@ from trace_core.storage.ports.operator_state import (
     StoredState,
 )
 from trace_core.storage.ports.payload import PayloadOps, VersionPointer
+from trace_core.storage.ports.reaper import HeldLease, ReaperOps, TimedOutAttempt
 from trace_core.storage.ports.registry import (
     NewDataset,
     NewDatasetVersion,
@@ -38,6 +39,7 @@ __all__ = [
     "DagVersionRef",
     "DagVersionRow",
     "DeployOps",
+    "HeldLease",
     "JobOutputs",
     "JobRecord",
     "LiveVersion",
@@ -49,6 +51,7 @@ __all__ = [
     "OperatorStateOps",
     "PayloadOps",
     "Pointers",
+    "ReaperOps",
     "RegisteredDataset",
     "RegistryOps",
     "RuntimeRoute",
@@ -56,6 +59,7 @@ __all__ = [
     "StandaloneOps",
     "StoredState",
     "TaskOps",
+    "TimedOutAttempt",
     "VersionPointer",
     "VersionProgress",
 ]
