@@ -19,6 +19,7 @@ from typing import Any, Literal, Protocol
 
 from trace_core.model import Fence, ItemState, Lease, QueueSpec
 from trace_core.storage.ports import DeployOps, RegistryOps, TaskOps
+from trace_core.storage.ports.explain import ExplainOps
 from trace_core.storage.ports.operator_state import OperatorStateOps
 from trace_core.storage.ports.payload import PayloadOps
 from trace_core.storage.ports.reaper import ReaperOps
@@ -147,6 +148,11 @@ class Transaction(Protocol):
     @property
     def reaper(self) -> ReaperOps:
         """What the reaper reads about running attempts and their leases."""
+        ...
+
+    @property
+    def explain(self) -> ExplainOps:
+        """Why a job did or did not run, and the task totals of metrics."""
         ...
 
     # --- the ownership protocol, one implementation for every queue ---------

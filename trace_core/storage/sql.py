@@ -31,6 +31,7 @@ from trace_core.storage.protocol import (
 )
 from trace_core.storage.sql_deploy import SqlDeployOps
 from trace_core.storage.sql_errors import translate_errors
+from trace_core.storage.sql_explain import SqlExplainOps
 from trace_core.storage.sql_leasing import (
     LeaseStatements,
     fence_storable,
@@ -173,6 +174,11 @@ class SqlTransaction:
     def reaper(self) -> SqlReaperOps:
         """What the reaper reads (:mod:`~trace_core.storage.sql_reaper`)."""
         return SqlReaperOps(self)
+
+    @functools.cached_property
+    def explain(self) -> SqlExplainOps:
+        """Reads for explain and metrics (:mod:`~trace_core.storage.sql_explain`)."""
+        return SqlExplainOps(self)
 
     # --- ownership protocol -------------------------------------------------
 

@@ -18,6 +18,13 @@ from trace_core.storage.ports.deploy import (
     NewDagVersion,
     Pointers,
 )
+from trace_core.storage.ports.explain import (
+    ExplainedJob,
+    ExplainOps,
+    FailedAttempt,
+    InputEvent,
+    JobStateFlags,
+)
 from trace_core.storage.ports.operator_state import (
     OperatorStateKey,
     OperatorStateOps,
@@ -39,9 +46,14 @@ __all__ = [
     "DagVersionRef",
     "DagVersionRow",
     "DeployOps",
+    "ExplainOps",
+    "ExplainedJob",
+    "FailedAttempt",
     "HeldLease",
+    "InputEvent",
     "JobOutputs",
     "JobRecord",
+    "JobStateFlags",
     "LiveVersion",
     "LiveVersionJob",
     "NewDagVersion",
