@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 BEHIND_THE_SEAM = sorted(
     [*(ROOT / "trace_core" / "dag").glob("*.py"), ROOT / "trace_core" / "api" / "streams.py"]
     + [ROOT / "trace_core" / "dispatcher" / f"{name}.py" for name in ("operator_state", "payload")]
-    + [ROOT / "trace_core" / "standalone.py"]
+    + [ROOT / "trace_core" / "standalone.py", ROOT / "trace_lite" / "run_command.py"]
 )
 PORT_MODULES = sorted((ROOT / "trace_core" / "storage" / "ports").glob("*.py"))
 

@@ -24,6 +24,7 @@ from trace_core.storage.ports.operator_state import OperatorStateOps
 from trace_core.storage.ports.payload import PayloadOps
 from trace_core.storage.ports.reaper import ReaperOps
 from trace_core.storage.ports.standalone import StandaloneOps
+from trace_core.storage.ports.status import StatusOps
 from trace_core.wakeup import Subscription
 
 __all__ = [
@@ -153,6 +154,11 @@ class Transaction(Protocol):
     @property
     def explain(self) -> ExplainOps:
         """Why a job did or did not run, and the task totals of metrics."""
+        ...
+
+    @property
+    def status(self) -> StatusOps:
+        """What a DAG has done so far: its datasets, tasks and outbox backlog."""
         ...
 
     # --- the ownership protocol, one implementation for every queue ---------

@@ -43,6 +43,7 @@ from trace_core.storage.sql_payload import SqlPayloadOps
 from trace_core.storage.sql_reaper import SqlReaperOps
 from trace_core.storage.sql_registry import SqlRegistryOps
 from trace_core.storage.sql_standalone import SqlStandaloneOps
+from trace_core.storage.sql_status import SqlStatusOps
 from trace_core.storage.sql_tasks import SqlTaskOps
 from trace_core.storage.url import DatabaseURL, parse_database_url
 from trace_core.wakeup import Subscription, WakeupHub
@@ -179,6 +180,11 @@ class SqlTransaction:
     def explain(self) -> SqlExplainOps:
         """Reads for explain and metrics (:mod:`~trace_core.storage.sql_explain`)."""
         return SqlExplainOps(self)
+
+    @functools.cached_property
+    def status(self) -> SqlStatusOps:
+        """What a DAG has done so far (:mod:`~trace_core.storage.sql_status`)."""
+        return SqlStatusOps(self)
 
     # --- ownership protocol -------------------------------------------------
 

@@ -40,9 +40,11 @@ from trace_core.storage.ports.registry import (
     VersionProgress,
 )
 from trace_core.storage.ports.standalone import StandaloneJob, StandaloneOps
+from trace_core.storage.ports.status import DagDataset, StatusOps, TaskListing
 from trace_core.storage.ports.tasks import RuntimeRoute, TaskOps
 
 __all__ = [
+    "DagDataset",
     "DagVersionRef",
     "DagVersionRow",
     "DeployOps",
@@ -69,7 +71,9 @@ __all__ = [
     "RuntimeRoute",
     "StandaloneJob",
     "StandaloneOps",
+    "StatusOps",
     "StoredState",
+    "TaskListing",
     "TaskOps",
     "TimedOutAttempt",
     "VersionPointer",
