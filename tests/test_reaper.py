@@ -253,8 +253,8 @@ async def test_lease_seconds_for(setup: Setup) -> None:
     assert lease_seconds_for(setup.jobs["plain"]) is None
     task = await setup.task_of("slow")
     async with setup.repo.read() as t:
-        assert await lease_seconds_for_task(t.connection, task) == 20.0
-        assert await lease_seconds_for_task(t.connection, uuid.uuid4()) is None
+        assert await lease_seconds_for_task(t, task) == 20.0
+        assert await lease_seconds_for_task(t, uuid.uuid4()) is None
 
 
 async def test_retry_scheduler_requeues_due_retries_with_a_wakeup(

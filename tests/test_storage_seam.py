@@ -30,12 +30,20 @@ MOVED_DISPATCHER_MODULES = (
     "manual",
     "source_runs",
     "sources",
+    # explain: operator state, payloads, metrics, control, reaper
+    "control",
+    "metrics",
+    "operator_state",
+    "payload",
+    "reaper",
 )
 BEHIND_THE_SEAM = sorted(
     [
         *(ROOT / "trace_core" / "dag").glob("*.py"),
         ROOT / "trace_core" / "api" / "streams.py",
         *(DISPATCHER / f"{name}.py" for name in MOVED_DISPATCHER_MODULES),
+        ROOT / "trace_core" / "standalone.py",
+        ROOT / "trace_lite" / "run_command.py",
     ]
 )
 PORT_MODULES = sorted((ROOT / "trace_core" / "storage" / "ports").glob("*.py"))

@@ -12,11 +12,9 @@ import hashlib
 import uuid
 from datetime import datetime
 
-import sqlalchemy as sa
-
-from trace_core.errors import ConfigurationError
-from trace_core.storage import schema
-from trace_core.storage.sql import SqlRepository
+from trace_core.errors import ConfigurationError, DuplicateItem
+from trace_core.storage.ports.standalone import StandaloneJob
+from trace_core.storage.protocol import Repository
 
 __all__ = ["STANDALONE_DAG", "ensure_standalone_job"]
 
@@ -28,7 +26,7 @@ def _stable_id(*parts: str) -> uuid.UUID:
 
 
 async def ensure_standalone_job(
-    repo: SqlRepository,
+    repo: Repository,
     name: str,
     *,
     now: datetime,
@@ -48,48 +46,25 @@ async def ensure_standalone_job(
     dag_id = _stable_id("dag", org_slug, STANDALONE_DAG)
     job_id = _stable_id("job", org_slug, STANDALONE_DAG, name)
     config_hash = hashlib.sha256(f"{operator}:{max_attempts}".encode()).hexdigest()
+    job = StandaloneJob(
+        job_id=job_id,
+        org_id=org_id,
+        name=name,
+        dag_name=STANDALONE_DAG,
+        dag_version_id=dag_id,
+        operator=operator,
+        config_hash=config_hash,
+        max_attempts=max_attempts,
+    )
     async with repo.transaction() as tx:
-        ins = tx.insert
-        conn = tx.connection
-        await conn.execute(
-            ins(schema.orgs)
-            .values(id=org_id, name=org_slug, slug=org_slug, settings={}, created_at=now)
-            .on_conflict_do_nothing()
+        await tx.registry.create_org_if_absent(org_id, org_slug, now=now)
+        await tx.standalone.insert_current_version_if_absent(
+            dag_id, org_id, STANDALONE_DAG, now=now
         )
-        await conn.execute(
-            ins(schema.dag_versions)
-            .values(
-                id=dag_id,
-                org_id=org_id,
-                dag_name=STANDALONE_DAG,
-                yaml_hash="standalone",
-                status="current",
-                activated_at=now,
-                created_at=now,
+        await tx.standalone.insert_job_if_absent(job, now=now)
+        if not await tx.standalone.job_exists(job_id):
+            # Another row holds the name under another id: nothing was written.
+            raise DuplicateItem(
+                f"standalone job {name!r} of org {org_slug!r} exists under another id"
             )
-            .on_conflict_do_nothing()
-        )
-        await conn.execute(
-            ins(schema.jobs)
-            .values(
-                id=job_id,
-                org_id=org_id,
-                name=name,
-                dag_name=STANDALONE_DAG,
-                dag_version_id=dag_id,
-                activation="reactive",
-                runtime="dispatcher",
-                operator=operator,
-                config={},
-                config_hash=config_hash,
-                update_strategy="replace",
-                max_attempts=max_attempts,
-                created_at=now,
-                updated_at=now,
-            )
-            .on_conflict_do_nothing()
-        )
-        row = (
-            await conn.execute(sa.select(schema.jobs.c.id).where(schema.jobs.c.id == job_id))
-        ).scalar_one()
-    return uuid.UUID(str(row))
+    return job_id

@@ -19,7 +19,6 @@ from datetime import UTC, datetime
 from typing import Any, TextIO
 
 import anyio
-import sqlalchemy as sa
 
 from trace_core.clock import ManualClock
 from trace_core.errors import StaleClaim
@@ -28,7 +27,6 @@ from trace_core.model import Lease
 from trace_core.outbox import OutboxRelay
 from trace_core.retry import Backoff, RetryPolicy
 from trace_core.standalone import ensure_standalone_job
-from trace_core.storage import schema
 from trace_core.storage.migrate import upgrade
 from trace_core.storage.protocol import NewTask
 from trace_core.storage.sql import SqlRepository
@@ -95,7 +93,7 @@ async def run_demo(config: DemoConfig, out: TextIO) -> dict[str, Any]:
                     tg.start_soon(_worker, tq, f"worker-{n}", config, rng, stats)
             while await relay.run_once():
                 pass
-            if not await _queue_has_work(repo):
+            if not await _queue_has_work(repo, job):
                 break
             clock.advance(LEASE_SECONDS + 10)  # time passes: leases expire, retries fall due
             reclaimed = await tq.reclaim_expired()
@@ -152,30 +150,14 @@ async def _worker(
         await tq.complete_many(ok)
 
 
-async def _queue_has_work(repo: SqlRepository) -> bool:
-    t = schema.tasks
+async def _queue_has_work(repo: SqlRepository, job_id: uuid.UUID) -> bool:
     async with repo.read() as tx:
-        pending = await tx.connection.execute(
-            sa.select(sa.func.count()).where(
-                sa.or_(
-                    t.c.status.in_(["Queued", "Running"]),
-                    sa.and_(t.c.status == "Failed", t.c.next_retry_at.is_not(None)),
-                )
-            )
-        )
-        return bool(pending.scalar_one())
+        return bool(await tx.tasks.unfinished_of_jobs([job_id]))
 
 
 async def _summary(repo: SqlRepository, run: str) -> dict[str, Any]:
-    t = schema.tasks
     async with repo.read() as tx:
-        rows = (
-            await tx.connection.execute(
-                sa.select(t.c.status, t.c.attempt, sa.func.count())
-                .where(t.c.dedupe_key.like(f"demo:{run}:%"))
-                .group_by(t.c.status, t.c.attempt)
-            )
-        ).all()
+        rows = await tx.status.task_counts_by_dedupe_prefix(f"demo:{run}:")
     by_status = Counter[str]()
     by_attempt = Counter[int]()
     for status, attempt, count in rows:

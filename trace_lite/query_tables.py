@@ -47,9 +47,8 @@ import sqlalchemy as sa
 
 from trace_core.dispatcher.bounded import BoundedMemo
 from trace_core.errors import ConfigurationError, InvalidInput
-from trace_core.storage import schema
 from trace_core.storage.column_types import UTCDateTime
-from trace_core.storage.sql import SqlRepository
+from trace_core.storage.protocol import Repository
 from trace_core.storage.sql_errors import translate_errors
 from trace_core.storage.url import create_sync_engine, parse_database_url
 from trace_lite.buffered import DataDatabase, table_name_of
@@ -207,7 +206,7 @@ class TableViews:
     def __init__(
         self,
         data: DataDatabase | str,
-        state: SqlRepository,
+        state: Repository,
         *,
         max_rows: int = DEFAULT_MAX_TABLE_ROWS,
     ) -> None:
@@ -226,12 +225,8 @@ class TableViews:
         """The org of ``task_id``'s job, as the tables' ``org_id`` holds it."""
         found = self._orgs.get(task_id)
         if found is None:
-            t, j = schema.tasks, schema.jobs
-            query = sa.select(j.c.org_id).select_from(t).join(j, j.c.id == t.c.job_id)
             async with self._state.read() as tx:
-                with translate_errors("find the task's org"):
-                    result = await tx.connection.execute(query.where(t.c.id == task_id))
-                org = result.scalar_one_or_none()
+                org = await tx.status.org_of_task(task_id)
             if org is None:
                 raise InvalidInput("sql", "the task is unknown: its org's rows cannot be read")
             found = self._orgs.put(task_id, str(org))

@@ -23,12 +23,10 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import anyio
-import sqlalchemy as sa
 import yaml
 
 from trace_core.dag import DagDocument, parse_dag
 from trace_core.errors import ConfigurationError
-from trace_core.storage import schema
 from trace_lite.platform import LiteConfig, TraceLite
 from trace_lite.spark import SparkSessionProvider
 from trace_lite.status import (
@@ -161,12 +159,8 @@ def _blocks_done(datasets: Sequence[DatasetStatus], target: tuple[int, int]) -> 
 
 
 async def _pending_outbox(lite: TraceLite) -> int:
-    o = schema.outbox
     async with lite.repo.read() as tx:
-        count = await tx.connection.scalar(
-            sa.select(sa.func.count()).where(o.c.status.in_(["Pending", "Processing"]))
-        )
-    return int(count or 0)
+        return await tx.status.open_outbox_count()
 
 
 def _progress_line(counts: TaskCounts, done: int, total: int, elapsed: float) -> str:

@@ -15,8 +15,7 @@ from pathlib import Path
 import sqlalchemy as sa
 
 from trace_core.dag.coverage import Coverage
-from trace_core.storage import schema
-from trace_core.storage.sql import SqlRepository
+from trace_core.storage.protocol import Repository
 from trace_lite.buffered import DataDatabase, table_name_of
 
 __all__ = [
@@ -85,77 +84,32 @@ class TaskCounts:
 
 
 async def dataset_statuses(
-    repo: SqlRepository, dag_name: str, *, org_slug: str = "default"
+    repo: Repository, dag_name: str, *, org_slug: str = "default"
 ) -> list[DatasetStatus]:
     """The datasets of the DAG's current and building versions, with coverage."""
-    v, dv, p = schema.dag_versions, schema.dataset_versions, schema.dag_version_datasets
-    d, o, g, e = schema.datasets, schema.orgs, schema.dataset_version_progress, schema.events
-    events = (
-        sa.select(sa.func.count())
-        .where(e.c.dataset_version == dv.c.id)
-        .scalar_subquery()
-        .label("events")
-    )
-    stmt = (
-        sa.select(
-            d.c.name,
-            d.c.id,
-            dv.c.id.label("version"),
-            v.c.status,
-            dv.c.storage_location,
-            dv.c.range_start,
-            dv.c.range_end,
-            g.c.ranges,
-            g.c.max_cursor,
-            events,
-        )
-        .select_from(v)
-        .join(o, o.c.id == v.c.org_id)
-        .join(p, p.c.dag_version_id == v.c.id)
-        .join(dv, dv.c.id == p.c.dataset_version)
-        .join(d, d.c.id == p.c.dataset_uuid)
-        .outerjoin(g, g.c.dataset_version == dv.c.id)
-        .where(o.c.slug == org_slug, v.c.dag_name == dag_name)
-        .where(v.c.status.in_(["current", "building"]))
-        .order_by(v.c.status.desc(), d.c.name)
-    )
     async with repo.read() as tx:
-        rows = (await tx.connection.execute(stmt)).all()
+        found = await tx.status.dag_datasets(org_slug, dag_name)
     return [
         DatasetStatus(
-            name=row.name,
-            dataset_uuid=row.id,
-            dataset_version=row.version,
-            dag_version_status=row.status,
-            location=row.storage_location,
-            range_start=row.range_start,
-            range_end=row.range_end,
-            coverage=Coverage.of(row.ranges or [], row.max_cursor),
-            events=int(row.events or 0),
+            name=d.name,
+            dataset_uuid=d.dataset_uuid,
+            dataset_version=d.dataset_version,
+            dag_version_status=d.dag_version_status,
+            location=d.location,
+            range_start=d.range_start,
+            range_end=d.range_end,
+            coverage=Coverage.of(d.ranges, d.max_cursor),
+            events=d.events,
         )
-        for row in rows
+        for d in found
     ]
 
 
-async def task_counts(
-    repo: SqlRepository, dag_name: str, *, org_slug: str = "default"
-) -> TaskCounts:
+async def task_counts(repo: Repository, dag_name: str, *, org_slug: str = "default") -> TaskCounts:
     """Tasks per job name and state, over every version of the DAG."""
-    t, j, o = schema.tasks, schema.jobs, schema.orgs
-    stmt = (
-        sa.select(j.c.name, t.c.status, sa.func.count())
-        .select_from(t)
-        .join(j, j.c.id == t.c.job_id)
-        .join(o, o.c.id == j.c.org_id)
-        .where(o.c.slug == org_slug, j.c.dag_name == dag_name)
-        .group_by(j.c.name, t.c.status)
-    )
     async with repo.read() as tx:
-        rows = (await tx.connection.execute(stmt)).all()
-    by_job: dict[str, Counter[str]] = {}
-    for job, status, count in rows:
-        by_job.setdefault(job, Counter())[status] = int(count)
-    return TaskCounts(by_job)
+        found = await tx.status.task_counts_by_job(org_slug, dag_name)
+    return TaskCounts({job: Counter(counts) for job, counts in found.items()})
 
 
 def object_rows(objects_root: Path, location: str) -> tuple[int, int]:

@@ -12,10 +12,8 @@ import argparse
 from pathlib import Path
 
 import anyio
-import sqlalchemy as sa
 
 from trace_core.dag.coverage import Coverage
-from trace_core.storage import schema
 from trace_core.storage.sql import SqlRepository
 from trace_core.storage.url import parse_database_url
 from trace_lite.buffered import DataDatabase
@@ -165,34 +163,19 @@ async def _datasets(repo: SqlRepository, args: argparse.Namespace, data_dir: Pat
 
 
 async def _tasks(repo: SqlRepository, args: argparse.Namespace) -> list[str]:
-    t, j, o = schema.tasks, schema.jobs, schema.orgs
-    stmt = (
-        sa.select(
-            t.c.id,
-            j.c.name,
-            t.c.partitions,
-            t.c.status,
-            t.c.attempt,
-            t.c.queued_at,
-            t.c.error_message,
-        )
-        .join(j, j.c.id == t.c.job_id)
-        .join(o, o.c.id == j.c.org_id)
-        .where(o.c.slug == args.org, j.c.dag_name == args.dag_name)
-        .order_by(t.c.queued_at.desc())
-        .limit(max(1, args.limit))
-    )
-    if args.job:
-        stmt = stmt.where(j.c.name == args.job)
-    if args.state:
-        stmt = stmt.where(t.c.status == args.state)
     async with repo.read() as tx:
-        found = (await tx.connection.execute(stmt)).all()
+        found = await tx.status.recent_tasks(
+            args.org,
+            args.dag_name,
+            limit=max(1, args.limit),
+            job_name=args.job or None,
+            status=args.state or None,
+        )
     rows = [
         (
-            str(r.id),
-            r.name,
-            ",".join(r.partitions or ()) or "-",
+            str(r.task_id),
+            r.job_name,
+            ",".join(r.partitions) or "-",
             r.status,
             r.attempt,
             r.queued_at.strftime("%Y-%m-%d %H:%M:%S"),

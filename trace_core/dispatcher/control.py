@@ -48,7 +48,6 @@ from trace_core.model import TASKS, ClaimOutcome, Fence, Lease, NotClaimedReason
 from trace_core.retry import RetryClass
 from trace_core.storage.protocol import Repository, Transaction
 from trace_core.storage.scopes import per_statement_reads
-from trace_core.storage.sql import as_sql
 from trace_core.tasks import TaskQueue
 
 if TYPE_CHECKING:  # the security stack is imported only by whoever configures it
@@ -146,7 +145,7 @@ class TaskControl:
         With a capability issuer the payload carries ``capability_token``.
         """
         async with self._reads() as tx:
-            rows = await task_rows(as_sql(tx).connection, [task_id])
+            rows = await task_rows(tx, [task_id])
         if not rows:
             return ClaimedTask(ClaimOutcome(None, NotClaimedReason.NOT_FOUND), None)
         row = rows[0]
@@ -163,7 +162,7 @@ class TaskControl:
             if state is None:
                 raise NotFound(f"task {task_id} does not exist")
             claimed = {**row, "attempt": state.attempt, "status": state.status}
-            payload = (await build_payloads(as_sql(tx), [claimed]))[task_id]
+            payload = (await build_payloads(tx, [claimed]))[task_id]
         if self._capabilities is None:
             return ClaimedTask(outcome, payload)
         return await self._authorized(task_id, outcome, lease, payload, self._capabilities)
@@ -214,7 +213,7 @@ class TaskControl:
     async def fetch(self, task_id: uuid.UUID) -> dict[str, Any]:
         """The full task payload (read-only); :class:`NotFound` if there is no such task."""
         async with self._reads() as tx:
-            payloads = await task_payloads(as_sql(tx), [task_id])
+            payloads = await task_payloads(tx, [task_id])
         if task_id not in payloads:
             raise NotFound(f"task {task_id} does not exist")
         return payloads[task_id]
@@ -327,7 +326,7 @@ class TaskControl:
         if facts is not None:
             return facts
         async with self._reads() as tx:
-            rows = await task_rows(as_sql(tx).connection, [task_id])
+            rows = await task_rows(tx, [task_id])
         return self._remember(rows[0]) if rows else None
 
     async def _released(self, fence: Fence) -> None:

@@ -17,12 +17,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-import sqlalchemy as sa
-from sqlalchemy.ext.asyncio import AsyncConnection
-
 from trace_core.dispatcher.journal import read_journal
 from trace_core.errors import NotFound
-from trace_core.storage import schema
 from trace_core.storage.protocol import Repository
 from trace_core.storage.sql import as_sql
 
@@ -105,117 +101,65 @@ async def explain_job(
 ) -> Explanation:
     """Explain ``dag_name/job_name`` (current version, else the newest one)."""
     async with repo.read() as tx:
-        conn = as_sql(tx).connection
-        job = await _find_job(conn, org_slug, dag_name, job_name)
+        job = await tx.explain.find_job(org_slug, dag_name, job_name)
+        if job is None:
+            raise NotFound(f"no job {job_name!r} in DAG {dag_name!r} of org {org_slug!r}")
         found = Explanation(
             dag_name=dag_name,
             job_name=job_name,
-            job_id=job["id"],
-            dag_version_id=job["dag_version_id"],
-            version_status=job["version_status"],
-            activation=job["activation"],
-            operator=job["operator"],
-            runtime=job["runtime"],
+            job_id=job.job_id,
+            dag_version_id=job.dag_version_id,
+            version_status=job.version_status,
+            activation=job.activation,
+            operator=job.operator,
+            runtime=job.runtime,
         )
-        await _state(conn, found)
-        await _tasks(conn, found, limit)
-        await _events(conn, found, [uuid.UUID(d) for d in job["input_datasets"] or ()], limit)
+        state = await tx.explain.job_state(found.job_id)
+        if state is not None:
+            found.paused = state.paused
+            found.pause_reason = state.pause_reason
+            found.source_status = state.source_status
+            found.scale_state = state.scale_state
+        found.tasks_by_status = await tx.explain.task_status_counts(found.job_id)
+        found.failures = [
+            {
+                "task_id": str(f.task_id),
+                "attempt": f.attempt,
+                "status": f.status,
+                "error": f.error,
+                "next_retry_at": f.next_retry_at,
+            }
+            for f in await tx.explain.failed_attempts(found.job_id, limit=limit)
+        ]
+        for e in await tx.explain.recent_input_events(job.input_datasets, limit=limit):
+            found.events.append(
+                EventDecision(
+                    e.received_at,
+                    e.dataset,
+                    e.dataset_version,
+                    e.unit,
+                    e.deliveries,
+                    e.route_status,
+                    _decision(found.job_name, e.route_status, e.route_detail),
+                )
+            )
+        # journal.read_journal (group events) still takes a connection; it
+        # becomes read_journal(tx, ...) when journal.py moves behind the port.
+        conn = as_sql(tx).connection
         found.journal = [dict(e) for e in await read_journal(conn, found.job_id, limit=limit)]
     found.reasons = _reasons(found)
     return found
 
 
-async def _find_job(
-    conn: AsyncConnection, org_slug: str, dag_name: str, job_name: str
-) -> dict[str, Any]:
-    j, dv, o = schema.jobs, schema.dag_versions, schema.orgs
-    rank = sa.case((dv.c.status == "current", 0), (dv.c.status == "building", 1), else_=2)
-    row = (
-        (
-            await conn.execute(
-                sa.select(j, dv.c.status.label("version_status"))
-                .join(dv, dv.c.id == j.c.dag_version_id)
-                .join(o, o.c.id == j.c.org_id)
-                .where(o.c.slug == org_slug, j.c.dag_name == dag_name, j.c.name == job_name)
-                .order_by(rank, dv.c.created_at.desc())
-                .limit(1)
-            )
-        )
-        .mappings()
-        .first()
-    )
-    if row is None:
-        raise NotFound(f"no job {job_name!r} in DAG {dag_name!r} of org {org_slug!r}")
-    return dict(row)
-
-
-async def _state(conn: AsyncConnection, found: Explanation) -> None:
-    s = schema.job_states
-    row = (await conn.execute(sa.select(s).where(s.c.job_id == found.job_id))).mappings().first()
-    if row is not None:
-        found.paused = bool(row["paused"])
-        found.pause_reason = row["pause_reason"]
-        found.source_status = row["source_status"]
-        found.scale_state = row["scale_state"]
-
-
-async def _tasks(conn: AsyncConnection, found: Explanation, limit: int) -> None:
-    t = schema.tasks
-    counts = await conn.execute(
-        sa.select(t.c.status, sa.func.count())
-        .where(t.c.job_id == found.job_id)
-        .group_by(t.c.status)
-    )
-    found.tasks_by_status = {status: int(n) for status, n in counts}
-    failed = await conn.execute(
-        sa.select(t.c.id, t.c.attempt, t.c.status, t.c.error_message, t.c.next_retry_at)
-        .where(t.c.job_id == found.job_id, t.c.error_message.is_not(None))
-        .order_by(t.c.created_at.desc())
-        .limit(limit)
-    )
-    found.failures = [
-        {
-            "task_id": str(r[0]),
-            "attempt": r[1],
-            "status": r[2],
-            "error": r[3],
-            "next_retry_at": r[4],
-        }
-        for r in failed
-    ]
-
-
-async def _events(
-    conn: AsyncConnection, found: Explanation, inputs: list[uuid.UUID], limit: int
-) -> None:
-    if not inputs:
-        return
-    e, d = schema.events, schema.datasets
-    rows = await conn.execute(
-        sa.select(
-            e.c.received_at,
-            d.c.name,
-            e.c.dataset_version,
-            e.c.unit_key,
-            e.c.deliveries,
-            e.c.route_status,
-            e.c.route_detail,
-        )
-        .join(d, d.c.id == e.c.dataset_uuid)
-        .where(e.c.dataset_uuid.in_(inputs))
-        .order_by(e.c.received_at.desc(), e.c.id)
-        .limit(limit)
-    )
-    for received, dataset, version, unit, deliveries, status, detail in rows:
-        decision = (detail or {}).get(found.job_name)
-        if decision is None:
-            decision = {
-                "pending": "not routed yet",
-                "not_current": "not routed: dataset version is not current",
-            }.get(status, "not routed to this job (reads another version)")
-        found.events.append(
-            EventDecision(received, dataset, version, unit, deliveries, status, decision)
-        )
+def _decision(job_name: str, route_status: str, detail: dict[str, Any] | None) -> str:
+    """What routing decided for ``job_name`` about one event, in words."""
+    decision = (detail or {}).get(job_name)
+    if decision is not None:
+        return str(decision)
+    return {
+        "pending": "not routed yet",
+        "not_current": "not routed: dataset version is not current",
+    }.get(route_status, "not routed to this job (reads another version)")
 
 
 def _reasons(found: Explanation) -> list[str]:

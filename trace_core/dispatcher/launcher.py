@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, cast
+from typing import Any
 
 from trace_core.dispatcher.payload import task_payloads
 from trace_core.dispatcher.runtimes import RuntimeKind, RuntimeRegistry
@@ -54,9 +54,7 @@ class TaskLauncher:
             lambda_ids = [
                 r.task_id for r in rows if self.runtimes.get(r.runtime).kind is RuntimeKind.LAMBDA
             ]
-            # payload.task_payloads is typed for the SQL transaction until its
-            # own module moves behind the port (then the cast goes); ``tx`` is one.
-            payloads = await task_payloads(cast(Any, tx), lambda_ids) if lambda_ids else {}
+            payloads = await task_payloads(tx, lambda_ids) if lambda_ids else {}
         queues: dict[str, list[uuid.UUID]] = {}
         local: list[uuid.UUID] = []
         for row in rows:

@@ -17,14 +17,11 @@ import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 
-import sqlalchemy as sa
-
 from trace_core.clock import Clock
 from trace_core.dispatcher.backpressure import load_job_graph, measure_queues, read_paused
 from trace_core.dispatcher.backpressure_plan import QueueMeasurement
 from trace_core.dispatcher.concurrency import count_in_flight_by_operator
-from trace_core.storage import schema
-from trace_core.storage.sql import SqlRepository
+from trace_core.storage.protocol import Repository
 
 __all__ = ["CONTENT_TYPE", "TASK_STATUSES", "render_metrics"]
 
@@ -67,7 +64,7 @@ def _family(
     return lines
 
 
-async def render_metrics(repo: SqlRepository, clock: Clock) -> str:
+async def render_metrics(repo: Repository, clock: Clock) -> str:
     """The Dispatcher's gauges, as a Prometheus text exposition document.
 
     ``trace_job_queue_depth{dag,job}``, ``trace_job_queue_age_seconds{dag,job}``,
@@ -76,19 +73,12 @@ async def render_metrics(repo: SqlRepository, clock: Clock) -> str:
     totals count the whole ``tasks`` table (keep finished rows swept).
     """
     now = clock.now()
-    t = schema.tasks
     async with repo.read() as tx:
-        conn = tx.connection
         jobs = await load_job_graph(tx)
         queues = await measure_queues(tx, now)
         paused = await read_paused(tx)
         in_flight = await count_in_flight_by_operator(tx)
-        by_status = {
-            status: int(n)
-            for status, n in await conn.execute(
-                sa.select(t.c.status, sa.func.count()).group_by(t.c.status)
-            )
-        }
+        by_status = await tx.explain.task_status_counts()
 
     depth: dict[Labels, float] = defaultdict(float)
     age: dict[Labels, float] = defaultdict(float)

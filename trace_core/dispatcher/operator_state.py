@@ -23,12 +23,10 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
-import sqlalchemy as sa
-
 from trace_core.clock import Clock, SystemClock
 from trace_core.errors import ConfigurationError, TraceError
-from trace_core.storage import schema
-from trace_core.storage.sql import SqlRepository, SqlTransaction
+from trace_core.storage.ports.operator_state import OperatorStateKey
+from trace_core.storage.protocol import Repository, Transaction
 
 __all__ = ["DEFAULT_STATE_KEY", "OperatorStateStore", "StateConflict", "StateSnapshot"]
 
@@ -74,24 +72,19 @@ class StateSnapshot:
 
 
 class OperatorStateStore:
-    """Reads and versioned writes of ``operator_state`` rows."""
+    """Reads and versioned writes of ``operator_state`` rows (``tx.operator_state``)."""
 
-    def __init__(self, repo: SqlRepository, *, clock: Clock | None = None) -> None:
+    def __init__(self, repo: Repository, *, clock: Clock | None = None) -> None:
         self.repo = repo
         self.clock = clock or SystemClock()
 
     @asynccontextmanager
-    async def _within(self, tx: SqlTransaction | None) -> AsyncIterator[SqlTransaction]:
+    async def _within(self, tx: Transaction | None) -> AsyncIterator[Transaction]:
         if tx is not None:
             yield tx
         else:
             async with self.repo.transaction() as own:
                 yield own
-
-    @staticmethod
-    def _key(org_id: uuid.UUID, job_id: uuid.UUID, state_key: str) -> list[sa.ColumnElement[bool]]:
-        s = schema.operator_state
-        return [s.c.org_id == org_id, s.c.job_id == job_id, s.c.state_key == state_key]
 
     async def get(
         self,
@@ -99,19 +92,16 @@ class OperatorStateStore:
         job_id: uuid.UUID,
         state_key: str = DEFAULT_STATE_KEY,
         *,
-        tx: SqlTransaction | None = None,
+        tx: Transaction | None = None,
     ) -> StateSnapshot | None:
         """The stored state and its version, or ``None`` if there is none."""
-        s = schema.operator_state
-        stmt = sa.select(s.c.state, s.c.version).where(*self._key(org_id, job_id, state_key))
+        key = OperatorStateKey(org_id, job_id, state_key)
         if tx is not None:
-            row = (await tx.connection.execute(stmt)).first()
+            found = await tx.operator_state.get(key)
         else:
             async with self.repo.read() as rtx:
-                row = (await rtx.connection.execute(stmt)).first()
-        if row is None:
-            return None
-        return StateSnapshot(dict(row[0] or {}), int(row[1]))
+                found = await rtx.operator_state.get(key)
+        return None if found is None else StateSnapshot(found.state, found.version)
 
     async def put(
         self,
@@ -121,7 +111,7 @@ class OperatorStateStore:
         *,
         state_key: str = DEFAULT_STATE_KEY,
         expected_version: int | None,
-        tx: SqlTransaction | None = None,
+        tx: Transaction | None = None,
     ) -> StateSnapshot:
         """Write ``state`` if the stored version is ``expected_version``; the new snapshot.
 
@@ -135,37 +125,22 @@ class OperatorStateStore:
             )
         if not state_key:
             raise ConfigurationError("state_key must not be empty")
-        s = schema.operator_state
+        key = OperatorStateKey(org_id, job_id, state_key)
         value = dict(state)
         now = self.clock.now()
         async with self._within(tx) as t:
-            conn = t.connection
+            version: int | None
             if expected_version is None:
-                stmt = (
-                    t.insert(s)
-                    .values(
-                        org_id=org_id,
-                        job_id=job_id,
-                        state_key=state_key,
-                        state=value,
-                        version=1,
-                        updated_at=now,
-                    )
-                    .on_conflict_do_nothing()
-                    .returning(s.c.version)
-                )
+                created = await t.operator_state.insert_if_absent(key, value, now=now)
+                version = 1 if created else None
             else:
-                stmt = (
-                    sa.update(s)
-                    .where(*self._key(org_id, job_id, state_key), s.c.version == expected_version)
-                    .values(state=value, version=s.c.version + 1, updated_at=now)
-                    .returning(s.c.version)
+                version = await t.operator_state.update_if_version(
+                    key, value, version=expected_version, now=now
                 )
-            version = (await conn.execute(stmt)).scalar_one_or_none()
             if version is None:
-                await self._conflict(t, org_id, job_id, state_key, expected_version)
+                await self._conflict(t, key, expected_version)
         assert version is not None
-        return StateSnapshot(value, int(version))
+        return StateSnapshot(value, version)
 
     async def delete(
         self,
@@ -174,37 +149,28 @@ class OperatorStateStore:
         state_key: str = DEFAULT_STATE_KEY,
         *,
         expected_version: int | None = None,
-        tx: SqlTransaction | None = None,
+        tx: Transaction | None = None,
     ) -> bool:
         """Delete the state; whether there was one.
 
         With ``expected_version``, only that version is deleted; another one
         raises :class:`StateConflict` (a missing row too).
         """
-        s = schema.operator_state
-        where = self._key(org_id, job_id, state_key)
-        if expected_version is not None:
-            where.append(s.c.version == expected_version)
+        key = OperatorStateKey(org_id, job_id, state_key)
         async with self._within(tx) as t:
-            result = await t.connection.execute(sa.delete(s).where(*where))
-            deleted = bool(result.rowcount)
+            deleted = await t.operator_state.delete_if_version(key, version=expected_version)
             if not deleted and expected_version is not None:
-                await self._conflict(t, org_id, job_id, state_key, expected_version)
+                await self._conflict(t, key, expected_version)
         return deleted
 
     async def _conflict(
-        self,
-        tx: SqlTransaction,
-        org_id: uuid.UUID,
-        job_id: uuid.UUID,
-        state_key: str,
-        expected_version: int | None,
+        self, tx: Transaction, key: OperatorStateKey, expected_version: int | None
     ) -> None:
-        current = await self.get(org_id, job_id, state_key, tx=tx)
+        current = await tx.operator_state.get(key)
         raise StateConflict(
-            org_id,
-            job_id,
-            state_key,
+            key.org_id,
+            key.job_id,
+            key.state_key,
             expected_version,
             None if current is None else current.version,
         )

@@ -23,95 +23,37 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import sqlalchemy as sa
-from sqlalchemy.ext.asyncio import AsyncConnection
-
 from trace_core.dag.coverage import read_coverage
 from trace_core.dag.validate import INPUTS_WHERE_KEY
-from trace_core.storage import schema
-from trace_core.storage.sql import SqlTransaction
+from trace_core.storage.protocol import Transaction
 
 __all__ = ["build_payloads", "task_payloads", "task_rows"]
 
 
-def _task_rows_statement() -> sa.Select[Any]:
-    t, j = schema.tasks, schema.jobs
-    return (
-        sa.select(
-            t.c.id,
-            t.c.attempt,
-            t.c.status,
-            t.c.partitions,
-            t.c.input_versions,
-            j.c.id.label("job_id"),
-            j.c.org_id,
-            j.c.name,
-            j.c.dag_name,
-            j.c.dag_version_id,
-            j.c.operator,
-            j.c.runtime,
-            j.c.config,
-            j.c.output_datasets,
-            j.c.activation,
-            j.c.scaling,
-            j.c.heartbeat_timeout_seconds,
-            j.c.source,
-        )
-        .join(j, j.c.id == t.c.job_id)
-        .where(t.c.id.in_(sa.bindparam("ids", expanding=True)))
-    )
-
-
-def _pointers_statement() -> sa.Select[Any]:
-    p, v, d = schema.dag_version_datasets, schema.dataset_versions, schema.datasets
-    return (
-        sa.select(
-            p.c.dag_version_id,
-            p.c.dataset_uuid,
-            v.c.id,
-            v.c.storage_location,
-            v.c.range_start,
-            v.c.range_end,
-            d.c.name,
-        )
-        .join(v, v.c.id == p.c.dataset_version)
-        .join(d, d.c.id == p.c.dataset_uuid)
-        .where(p.c.dag_version_id.in_(sa.bindparam("dag_versions", expanding=True)))
-    )
-
-
-# Built once: every claim runs them, and building a statement (and its cache
-# key) costs more than SQLAlchemy's compiled-cache lookup of a ready one.
-_TASK_ROWS = _task_rows_statement()
-_POINTERS = _pointers_statement()
-
-
 async def task_payloads(
-    st: SqlTransaction, task_ids: Sequence[uuid.UUID]
+    tx: Transaction, task_ids: Sequence[uuid.UUID]
 ) -> dict[uuid.UUID, dict[str, Any]]:
     """The payload of each existing task among ``task_ids`` (two queries, one
     more for source tasks, and rarely one for inputs outside the pointers)."""
-    return await build_payloads(st, await task_rows(st.connection, task_ids))
+    return await build_payloads(tx, await task_rows(tx, task_ids))
 
 
-async def task_rows(conn: AsyncConnection, task_ids: Sequence[uuid.UUID]) -> list[dict[str, Any]]:
+async def task_rows(tx: Transaction, task_ids: Sequence[uuid.UUID]) -> list[dict[str, Any]]:
     """The task and job columns a payload is built from, one row per existing
     task (also the job's claim settings: ``scaling``, ``heartbeat_timeout_seconds``
     and ``source``)."""
-    rows = (await conn.execute(_TASK_ROWS, {"ids": list(task_ids)})).mappings()
-    return [dict(row) for row in rows]
+    return await tx.payload.task_rows(task_ids)
 
 
 async def build_payloads(
-    st: SqlTransaction, tasks: Sequence[Mapping[str, Any]]
+    tx: Transaction, tasks: Sequence[Mapping[str, Any]]
 ) -> dict[uuid.UUID, dict[str, Any]]:
     """The payloads of rows read by :func:`task_rows` (whose ``attempt`` and
     ``status`` a caller may have replaced by what its claim just set)."""
-    conn = st.connection
-    locations = await _output_locations(conn, {r["dag_version_id"] for r in tasks})
-    stored = await _input_locations(conn, tasks, locations)
-    names = await _dataset_names(conn, tasks, locations)
-    coverage = await _source_output_coverage(st, tasks, locations)
+    locations = await _output_locations(tx, {r["dag_version_id"] for r in tasks})
+    stored = await _input_locations(tx, tasks, locations)
+    names = await _dataset_names(tx, tasks, locations)
+    coverage = await _source_output_coverage(tx, tasks, locations)
     payloads = {}
     for row in tasks:
         pointers = locations.get(row["dag_version_id"], {})
@@ -174,20 +116,20 @@ class _Pointer:
 
 
 async def _output_locations(
-    conn: AsyncConnection, dag_versions: set[uuid.UUID]
+    tx: Transaction, dag_versions: set[uuid.UUID]
 ) -> dict[uuid.UUID, dict[uuid.UUID, _Pointer]]:
-    if not dag_versions:
-        return {}
-    rows = await conn.execute(_POINTERS, {"dag_versions": list(dag_versions)})
     found: dict[uuid.UUID, dict[uuid.UUID, _Pointer]] = {}
-    for dag_version, dataset, version, location, start, end, name in rows:
+    for p in await tx.payload.version_pointers(dag_versions):
+        start, end = p.range_start, p.range_end
         span = None if start is None or end is None else {"start": start, "end": end}
-        found.setdefault(dag_version, {})[dataset] = _Pointer(version, location, span, name)
+        found.setdefault(p.dag_version_id, {})[p.dataset_uuid] = _Pointer(
+            p.dataset_version, p.location, span, p.dataset_name
+        )
     return found
 
 
 async def _source_output_coverage(
-    st: SqlTransaction,
+    tx: Transaction,
     tasks: Sequence[Mapping[str, Any]],
     pointers: dict[uuid.UUID, dict[uuid.UUID, _Pointer]],
 ) -> dict[uuid.UUID, list[list[int]]]:
@@ -201,12 +143,12 @@ async def _source_output_coverage(
         for dataset in row["output_datasets"] or ()
         if (pointer := pointers.get(row["dag_version_id"], {}).get(uuid.UUID(str(dataset))))
     }
-    found = await read_coverage(st, versions)
+    found = await read_coverage(tx, versions)
     return {version: [list(r) for r in c.ranges] for version, c in found.items()}
 
 
 async def _dataset_names(
-    conn: AsyncConnection,
+    tx: Transaction,
     tasks: Sequence[Mapping[str, Any]],
     pointers: dict[uuid.UUID, dict[uuid.UUID, _Pointer]],
 ) -> dict[str, str]:
@@ -228,9 +170,8 @@ async def _dataset_names(
                 continue
     missing = sorted(w for w in wanted if str(w) not in known)
     if missing:
-        d = schema.datasets
-        rows = await conn.execute(sa.select(d.c.id, d.c.name).where(d.c.id.in_(missing)))
-        known.update({str(dataset): name for dataset, name in rows})
+        found = await tx.registry.dataset_names_by_id(missing)
+        known.update({str(dataset): name for dataset, name in found.items()})
     return known
 
 
@@ -243,7 +184,7 @@ def _version_of(item: Any) -> uuid.UUID | None:
 
 
 async def _input_locations(
-    conn: AsyncConnection,
+    tx: Transaction,
     tasks: Sequence[Mapping[str, Any]],
     pointers: dict[uuid.UUID, dict[uuid.UUID, _Pointer]],
 ) -> dict[uuid.UUID, str]:
@@ -261,9 +202,5 @@ async def _input_locations(
     }
     missing = wanted - known.keys()
     if missing:
-        v = schema.dataset_versions
-        rows = await conn.execute(
-            sa.select(v.c.id, v.c.storage_location).where(v.c.id.in_(sorted(missing)))
-        )
-        known.update({version: location for version, location in rows})
+        known.update(await tx.payload.storage_locations(missing))
     return known

@@ -22,21 +22,15 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any, Protocol
 
-import sqlalchemy as sa
-from sqlalchemy.ext.asyncio import AsyncConnection
-
 from trace_core.clock import Clock, SystemClock
-from trace_core.dispatcher.journal import record
 from trace_core.dispatcher.periodic import PeriodicService, require_positive
 from trace_core.errors import ConfigurationError, InvalidTransition, StaleClaim
 from trace_core.leasing import FailOutcome, ReclaimHooks
 from trace_core.model import Fence
-from trace_core.storage import schema
-from trace_core.storage.protocol import Transaction
-from trace_core.storage.sql import SqlRepository, as_sql
+from trace_core.storage.protocol import Repository, Transaction
 from trace_core.tasks import TaskQueue
 
 __all__ = [
@@ -96,17 +90,10 @@ def lease_seconds_for(job: _HeartbeatTimeout) -> float | None:
     return float(value) if value else None
 
 
-async def lease_seconds_for_task(conn: AsyncConnection, task_id: uuid.UUID) -> float | None:
+async def lease_seconds_for_task(tx: Transaction, task_id: uuid.UUID) -> float | None:
     """:func:`lease_seconds_for` the job of ``task_id`` (for a heartbeat that
     knows only the task); ``None`` also when the task does not exist."""
-    t, j = schema.tasks, schema.jobs
-    value = (
-        await conn.execute(
-            sa.select(j.c.heartbeat_timeout_seconds)
-            .join(t, t.c.job_id == j.c.id)
-            .where(t.c.id == task_id)
-        )
-    ).scalar()
+    value = await tx.reaper.heartbeat_timeout_of_task(task_id)
     return float(value) if value else None
 
 
@@ -119,7 +106,7 @@ class Reaper(PeriodicService):
 
     def __init__(
         self,
-        repo: SqlRepository,
+        repo: Repository,
         *,
         clock: Clock | None = None,
         config: ReaperConfig | None = None,
@@ -146,7 +133,7 @@ class Reaper(PeriodicService):
         jobs: dict[Any, uuid.UUID] = {}
 
         async def reasons(t: Transaction, fences: Sequence[Fence]) -> dict[Any, str]:
-            info = await _lease_info(as_sql(t).connection, [f.item_id for f in fences])
+            info = await _lease_info(t, [f.item_id for f in fences])
             default = self.tasks.leases.config.lease_seconds
             worded = {}
             for item_id, (job_id, lease) in info.items():
@@ -157,7 +144,7 @@ class Reaper(PeriodicService):
 
         async def failed(t: Transaction, fence: Fence, outcome: FailOutcome, reason: str) -> None:
             if not outcome.retrying:
-                await _journal_dead(as_sql(t).connection, jobs[fence.item_id], fence, reason, now)
+                await _journal_dead(t, jobs[fence.item_id], fence, reason, now)
 
         reclaimed = await self.tasks.leases.reclaim_expired(
             limit=self.config.batch_size, hooks=ReclaimHooks(reasons, failed)
@@ -169,7 +156,7 @@ class Reaper(PeriodicService):
     async def _reap_timed_out(self, report: ReapReport) -> None:
         now = self.clock.now()
         async with self.repo.read() as t:
-            rows = await _timed_out(as_sql(t).connection, now, self.config.batch_size)
+            rows = await _timed_out(t, now, self.config.batch_size)
         for task_id, attempt, token, job_id, timeout in rows:
             fence = Fence(task_id, attempt, token, None)
             reason = f"timeout: attempt ran longer than {timeout} s"
@@ -177,7 +164,7 @@ class Reaper(PeriodicService):
                 async with self.repo.transaction() as t:
                     outcome = await self.tasks.fail(fence, reason, tx=t, timed_out=True)
                     if not outcome.retrying:
-                        await _journal_dead(as_sql(t).connection, job_id, fence, reason, now)
+                        await _journal_dead(t, job_id, fence, reason, now)
             except (StaleClaim, InvalidTransition):
                 # The worker finished, or the attempt was reclaimed or canceled,
                 # between the scan and this fenced write: nothing to time out.
@@ -191,70 +178,31 @@ class Reaper(PeriodicService):
 
 
 async def _lease_info(
-    conn: AsyncConnection, task_ids: list[Any]
+    tx: Transaction, task_ids: list[Any]
 ) -> dict[Any, tuple[uuid.UUID, float | None]]:
     """Per task: its job and the lease it was given (expiry minus last heartbeat)."""
-    t = schema.tasks
-    rows = await conn.execute(
-        sa.select(t.c.id, t.c.job_id, t.c.last_heartbeat, t.c.lease_expires_at).where(
-            t.c.id.in_(task_ids)
-        )
-    )
     info: dict[Any, tuple[uuid.UUID, float | None]] = {}
-    for task_id, job_id, beat, expires in rows:
+    for task_id, held in (await tx.reaper.held_leases(task_ids)).items():
+        beat, expires = held.last_heartbeat, held.lease_expires_at
         # Both are written from the same clock reading at claim and heartbeat,
         # so their difference is the lease the worker actually held.
         lease = (expires - beat).total_seconds() if beat and expires else None
-        info[task_id] = (job_id, lease)
+        info[task_id] = (held.job_id, lease)
     return info
 
 
 async def _timed_out(
-    conn: AsyncConnection, now: datetime, limit: int
+    tx: Transaction, now: datetime, limit: int
 ) -> list[tuple[uuid.UUID, int, uuid.UUID, uuid.UUID, int]]:
     """Running attempts older than their job's ``timeout_seconds``, oldest first."""
-    t, j = schema.tasks, schema.jobs
-    running = t.c.status == sa.literal_column("'Running'")
-    # One cutoff per distinct timeout keeps the comparison a plain timestamp
-    # bind on both engines (no interval arithmetic in SQL).
-    timeouts = (
-        (
-            await conn.execute(
-                sa.select(j.c.timeout_seconds)
-                .join(t, t.c.job_id == j.c.id)
-                .where(running, j.c.timeout_seconds.is_not(None), j.c.timeout_seconds > 0)
-                .distinct()
-            )
-        )
-        .scalars()
-        .all()
-    )
-    if not timeouts:
-        return []
-    older = sa.or_(
-        *(
-            sa.and_(
-                j.c.timeout_seconds == n,
-                t.c.started_at < now - timedelta(seconds=n),
-            )
-            for n in timeouts
-        )
-    )
-    rows = await conn.execute(
-        sa.select(t.c.id, t.c.attempt, t.c.lease_token, t.c.job_id, j.c.timeout_seconds)
-        .join(j, j.c.id == t.c.job_id)
-        .where(running, t.c.lease_token.is_not(None), older)
-        .order_by(t.c.started_at)
-        .limit(limit)
-    )
-    return [(r[0], r[1], r[2], r[3], r[4]) for r in rows]
+    found = await tx.reaper.timed_out_attempts(now=now, limit=limit)
+    return [(a.task_id, a.attempt, a.lease_token, a.job_id, a.timeout_seconds) for a in found]
 
 
 async def _journal_dead(
-    conn: AsyncConnection, job_id: uuid.UUID, fence: Fence, reason: str, now: datetime
+    tx: Transaction, job_id: uuid.UUID, fence: Fence, reason: str, now: datetime
 ) -> None:
-    await record(
-        conn,
+    await tx.job_states.journal(
         job_id,
         "task_dead",
         f"task {fence.item_id} failed terminally on attempt {fence.attempt}: {reason}",

@@ -20,7 +20,13 @@ from typing import Any, Literal, Protocol
 from trace_core.model import Fence, ItemState, Lease, QueueSpec
 from trace_core.storage.ports import DeployOps, LaunchOps, RegistryOps, SourceOps, TaskOps
 from trace_core.storage.ports.concurrency import ConcurrencyOps
+from trace_core.storage.ports.explain import ExplainOps
 from trace_core.storage.ports.job_states import JobStateOps
+from trace_core.storage.ports.operator_state import OperatorStateOps
+from trace_core.storage.ports.payload import PayloadOps
+from trace_core.storage.ports.reaper import ReaperOps
+from trace_core.storage.ports.standalone import StandaloneOps
+from trace_core.storage.ports.status import StatusOps
 from trace_core.wakeup import Subscription
 
 __all__ = [
@@ -145,6 +151,37 @@ class Transaction(Protocol):
     @property
     def launch(self) -> LaunchOps:
         """Which tasks a wake-up may start, with their job's runtime."""
+
+    ...
+
+    @property
+    def operator_state(self) -> OperatorStateOps:
+        """Versioned per-job operator state."""
+        ...
+
+    @property
+    def payload(self) -> PayloadOps:
+        """What task payloads are built from (tasks, their jobs, pointers)."""
+        ...
+
+    @property
+    def standalone(self) -> StandaloneOps:
+        """Jobs outside any deployed DAG, for the task queue on its own."""
+        ...
+
+    @property
+    def reaper(self) -> ReaperOps:
+        """What the reaper reads about running attempts and their leases."""
+        ...
+
+    @property
+    def explain(self) -> ExplainOps:
+        """Why a job did or did not run, and the task totals of metrics."""
+        ...
+
+    @property
+    def status(self) -> StatusOps:
+        """What a DAG has done so far: its datasets, tasks and outbox backlog."""
         ...
 
     # --- the ownership protocol, one implementation for every queue ---------

@@ -32,6 +32,7 @@ from trace_core.storage.protocol import (
 from trace_core.storage.sql_concurrency import SqlConcurrencyOps
 from trace_core.storage.sql_deploy import SqlDeployOps
 from trace_core.storage.sql_errors import translate_errors
+from trace_core.storage.sql_explain import SqlExplainOps
 from trace_core.storage.sql_job_states import SqlJobStateOps
 from trace_core.storage.sql_launch import SqlLaunchOps
 from trace_core.storage.sql_leasing import (
@@ -40,8 +41,13 @@ from trace_core.storage.sql_leasing import (
     finishable,
     status_in,
 )
+from trace_core.storage.sql_operator_state import SqlOperatorStateOps
+from trace_core.storage.sql_payload import SqlPayloadOps
+from trace_core.storage.sql_reaper import SqlReaperOps
 from trace_core.storage.sql_registry import SqlRegistryOps
 from trace_core.storage.sql_sources import SqlSourceOps
+from trace_core.storage.sql_standalone import SqlStandaloneOps
+from trace_core.storage.sql_status import SqlStatusOps
 from trace_core.storage.sql_tasks import SqlTaskOps
 from trace_core.storage.url import DatabaseURL, parse_database_url
 from trace_core.wakeup import Subscription, WakeupHub
@@ -173,6 +179,36 @@ class SqlTransaction:
     def launch(self) -> SqlLaunchOps:
         """Startable tasks and their runtime (:mod:`~trace_core.storage.sql_launch`)."""
         return SqlLaunchOps(self)
+
+    @functools.cached_property
+    def operator_state(self) -> SqlOperatorStateOps:
+        """Versioned per-job operator state (:mod:`~trace_core.storage.sql_operator_state`)."""
+        return SqlOperatorStateOps(self)
+
+    @functools.cached_property
+    def payload(self) -> SqlPayloadOps:
+        """What task payloads are built from (:mod:`~trace_core.storage.sql_payload`)."""
+        return SqlPayloadOps(self)
+
+    @functools.cached_property
+    def standalone(self) -> SqlStandaloneOps:
+        """Jobs outside any deployed DAG (:mod:`~trace_core.storage.sql_standalone`)."""
+        return SqlStandaloneOps(self)
+
+    @functools.cached_property
+    def reaper(self) -> SqlReaperOps:
+        """What the reaper reads (:mod:`~trace_core.storage.sql_reaper`)."""
+        return SqlReaperOps(self)
+
+    @functools.cached_property
+    def explain(self) -> SqlExplainOps:
+        """Reads for explain and metrics (:mod:`~trace_core.storage.sql_explain`)."""
+        return SqlExplainOps(self)
+
+    @functools.cached_property
+    def status(self) -> SqlStatusOps:
+        """What a DAG has done so far (:mod:`~trace_core.storage.sql_status`)."""
+        return SqlStatusOps(self)
 
     # --- ownership protocol -------------------------------------------------
 

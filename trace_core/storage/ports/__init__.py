@@ -1,13 +1,17 @@
 """The areas of the repository port, one Protocol per area.
 
 A :class:`~trace_core.storage.protocol.Transaction` exposes each area as an
-attribute (``tx.registry``, ``tx.deploy``, ``tx.tasks``, …). Each module here
+attribute (``tx.registry``, ``tx.deploy``, ``tx.tasks``, ...). Each module here
 holds one area's Protocol and the frozen dataclasses it takes and returns;
 its SQL implementation is ``trace_core/storage/sql_<area>.py``. Nothing here
 imports SQLAlchemy. See docs/architecture.md, "The storage seam".
 """
 
-from trace_core.storage.ports.concurrency import ConcurrencyOps, JobClaimSettings, QueuedTasks
+from trace_core.storage.ports.concurrency import (
+    ConcurrencyOps,
+    JobClaimSettings,
+    QueuedTasks,
+)
 from trace_core.storage.ports.deploy import (
     DagVersionRef,
     DagVersionRow,
@@ -19,8 +23,35 @@ from trace_core.storage.ports.deploy import (
     NewDagVersion,
     Pointers,
 )
-from trace_core.storage.ports.job_states import JobStateOps, ScaleState
-from trace_core.storage.ports.launch import LaunchOps, StartableTask
+from trace_core.storage.ports.explain import (
+    ExplainedJob,
+    ExplainOps,
+    FailedAttempt,
+    InputEvent,
+    JobStateFlags,
+)
+from trace_core.storage.ports.job_states import (
+    JobStateOps,
+    ScaleState,
+)
+from trace_core.storage.ports.launch import (
+    LaunchOps,
+    StartableTask,
+)
+from trace_core.storage.ports.operator_state import (
+    OperatorStateKey,
+    OperatorStateOps,
+    StoredState,
+)
+from trace_core.storage.ports.payload import (
+    PayloadOps,
+    VersionPointer,
+)
+from trace_core.storage.ports.reaper import (
+    HeldLease,
+    ReaperOps,
+    TimedOutAttempt,
+)
 from trace_core.storage.ports.registry import (
     NewDataset,
     NewDatasetVersion,
@@ -35,17 +66,36 @@ from trace_core.storage.ports.sources import (
     SourceState,
     SourceStatus,
 )
-from trace_core.storage.ports.tasks import RuntimeRoute, TaskOps
+from trace_core.storage.ports.standalone import (
+    StandaloneJob,
+    StandaloneOps,
+)
+from trace_core.storage.ports.status import (
+    DagDataset,
+    StatusOps,
+    TaskListing,
+)
+from trace_core.storage.ports.tasks import (
+    RuntimeRoute,
+    TaskOps,
+)
 
 __all__ = [
     "ConcurrencyOps",
     "CronState",
+    "DagDataset",
     "DagVersionRef",
     "DagVersionRow",
     "DeployOps",
+    "ExplainOps",
+    "ExplainedJob",
+    "FailedAttempt",
+    "HeldLease",
+    "InputEvent",
     "JobClaimSettings",
     "JobOutputs",
     "JobRecord",
+    "JobStateFlags",
     "JobStateOps",
     "LaunchOps",
     "LiveVersion",
@@ -53,8 +103,12 @@ __all__ = [
     "NewDagVersion",
     "NewDataset",
     "NewDatasetVersion",
+    "OperatorStateKey",
+    "OperatorStateOps",
+    "PayloadOps",
     "Pointers",
     "QueuedTasks",
+    "ReaperOps",
     "RegisteredDataset",
     "RegistryOps",
     "RuntimeRoute",
@@ -63,7 +117,14 @@ __all__ = [
     "SourceRun",
     "SourceState",
     "SourceStatus",
+    "StandaloneJob",
+    "StandaloneOps",
     "StartableTask",
+    "StatusOps",
+    "StoredState",
+    "TaskListing",
     "TaskOps",
+    "TimedOutAttempt",
+    "VersionPointer",
     "VersionProgress",
 ]

@@ -1,0 +1,90 @@
+"""The payload area (:mod:`trace_core.storage.ports.payload`) in SQL, for both engines."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Collection, Sequence
+from typing import Any
+
+import sqlalchemy as sa
+
+from trace_core.storage import schema
+from trace_core.storage.ports.payload import VersionPointer
+from trace_core.storage.sql_area import SqlArea
+
+__all__ = ["SqlPayloadOps"]
+
+
+def _task_rows_statement() -> sa.Select[Any]:
+    t, j = schema.tasks, schema.jobs
+    return (
+        sa.select(
+            t.c.id,
+            t.c.attempt,
+            t.c.status,
+            t.c.partitions,
+            t.c.input_versions,
+            j.c.id.label("job_id"),
+            j.c.org_id,
+            j.c.name,
+            j.c.dag_name,
+            j.c.dag_version_id,
+            j.c.operator,
+            j.c.runtime,
+            j.c.config,
+            j.c.output_datasets,
+            j.c.activation,
+            j.c.scaling,
+            j.c.heartbeat_timeout_seconds,
+            j.c.source,
+        )
+        .join(j, j.c.id == t.c.job_id)
+        .where(t.c.id.in_(sa.bindparam("ids", expanding=True)))
+    )
+
+
+def _pointers_statement() -> sa.Select[Any]:
+    p, v, d = schema.dag_version_datasets, schema.dataset_versions, schema.datasets
+    return (
+        sa.select(
+            p.c.dag_version_id,
+            p.c.dataset_uuid,
+            v.c.id,
+            v.c.storage_location,
+            v.c.range_start,
+            v.c.range_end,
+            d.c.name,
+        )
+        .join(v, v.c.id == p.c.dataset_version)
+        .join(d, d.c.id == p.c.dataset_uuid)
+        .where(p.c.dag_version_id.in_(sa.bindparam("dag_versions", expanding=True)))
+    )
+
+
+# Built once: every claim runs them, and building a statement (and its cache
+# key) costs more than SQLAlchemy's compiled-cache lookup of a ready one.
+_TASK_ROWS = _task_rows_statement()
+_POINTERS = _pointers_statement()
+
+
+class SqlPayloadOps(SqlArea):
+    """:class:`~trace_core.storage.ports.payload.PayloadOps` on a SQL transaction."""
+
+    async def task_rows(self, task_ids: Sequence[uuid.UUID]) -> list[dict[str, Any]]:
+        if not task_ids:
+            return []
+        rows = await self._rows("task payload rows", _TASK_ROWS, {"ids": list(task_ids)})
+        return [dict(row._mapping) for row in rows]
+
+    async def version_pointers(self, dag_versions: Collection[uuid.UUID]) -> list[VersionPointer]:
+        if not dag_versions:
+            return []
+        rows = await self._rows("payload pointers", _POINTERS, {"dag_versions": list(dag_versions)})
+        return [VersionPointer(*row) for row in rows]
+
+    async def storage_locations(self, versions: Collection[uuid.UUID]) -> dict[uuid.UUID, str]:
+        if not versions:
+            return {}
+        v = schema.dataset_versions
+        stmt = sa.select(v.c.id, v.c.storage_location).where(v.c.id.in_(sorted(versions)))
+        return {row[0]: row[1] for row in await self._rows("dataset version locations", stmt)}
