@@ -14,9 +14,9 @@ import logging
 import uuid
 from dataclasses import dataclass
 
-from trace_core.clock import Clock, SystemClock
+from trace_core.clock import Clock
 from trace_core.dag import live_jobs
-from trace_core.dispatcher.periodic import PeriodicService, require_positive
+from trace_core.dispatcher.periodic import DispatcherService, require_positive
 from trace_core.dispatcher.routing import EventRouter
 from trace_core.storage.protocol import Repository
 
@@ -38,7 +38,7 @@ class BackfillConfig:
         require_positive("BackfillConfig.interval_seconds", self.interval_seconds)
 
 
-class Backfiller(PeriodicService):
+class Backfiller(DispatcherService):
     """Replays input history to building jobs, once each (see the module docstring)."""
 
     def __init__(
@@ -50,10 +50,8 @@ class Backfiller(PeriodicService):
         config: BackfillConfig | None = None,
     ) -> None:
         self.config = config or BackfillConfig()
-        super().__init__(self.config.interval_seconds)
-        self.repo = repo
+        super().__init__(repo, self.config.interval_seconds, clock=clock)
         self.router = router
-        self.clock = clock or SystemClock()
 
     async def run_once(self) -> list[uuid.UUID]:
         """Backfill every building job not backfilled yet; the jobs completed now."""

@@ -25,7 +25,7 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from trace_core.clock import Clock, SystemClock
+from trace_core.clock import Clock
 from trace_core.dag import LiveJob, live_jobs
 from trace_core.dispatcher.backpressure_plan import (
     PAUSE_PREFIX,
@@ -39,7 +39,7 @@ from trace_core.dispatcher.backpressure_plan import (
     plan_backpressure,
 )
 from trace_core.dispatcher.job_states import by_job_id, upsert_job_state
-from trace_core.dispatcher.periodic import PeriodicService
+from trace_core.dispatcher.periodic import DispatcherService
 from trace_core.errors import ConfigurationError
 from trace_core.storage.protocol import Repository, Transaction
 
@@ -124,7 +124,7 @@ class BackpressureReport:
     """Producers this round resumed."""
 
 
-class BackpressureMonitor(PeriodicService):
+class BackpressureMonitor(DispatcherService):
     """Pauses and resumes producers from queue measurements; see the module doc."""
 
     def __init__(
@@ -135,9 +135,7 @@ class BackpressureMonitor(PeriodicService):
         config: BackpressureConfig | None = None,
     ) -> None:
         self.config = config or BackpressureConfig()
-        super().__init__(self.config.interval_seconds)
-        self.repo = repo
-        self.clock = clock or SystemClock()
+        super().__init__(repo, self.config.interval_seconds, clock=clock)
 
     def handicap_seconds(self, tier: str) -> float:
         """The claim-order handicap the router gives a new task of a job in ``tier``."""

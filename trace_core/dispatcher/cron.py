@@ -27,16 +27,16 @@ longer live have their schedule cleared.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cronsim import CronSim, CronSimError
 
-from trace_core.clock import Clock, SystemClock
+from trace_core.clock import Clock
 from trace_core.dispatcher.job_states import RaceLost
-from trace_core.dispatcher.periodic import PeriodicService, require_positive
+from trace_core.dispatcher.periodic import DispatcherService, Handicap, require_positive
 from trace_core.dispatcher.source_runs import (
     SourceJob,
     SourceStatus,
@@ -154,7 +154,7 @@ class CronReport:
     """Jobs no longer live whose schedule was cleared."""
 
 
-class CronScheduler(PeriodicService):
+class CronScheduler(DispatcherService):
     """Fires the cron sources of live jobs; see the module docstring."""
 
     def __init__(
@@ -164,14 +164,12 @@ class CronScheduler(PeriodicService):
         clock: Clock | None = None,
         config: CronConfig | None = None,
         tasks: TaskQueue | None = None,
-        handicap: Callable[[str], float] | None = None,
+        handicap: Handicap | None = None,
     ) -> None:
         self.config = config or CronConfig()
-        super().__init__(self.config.interval_seconds)
-        self.repo = repo
-        self.clock = clock or (tasks.clock if tasks is not None else SystemClock())
-        self.tasks = tasks or TaskQueue(repo, clock=self.clock)
-        self.handicap = handicap or (lambda tier: 0.0)
+        super().__init__(
+            repo, self.config.interval_seconds, clock=clock, tasks=tasks, handicap=handicap
+        )
         """Claim-order handicap of a priority tier (as the router uses)."""
         self._draining = False
 

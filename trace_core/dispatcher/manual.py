@@ -21,8 +21,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from trace_core.authoring.events import AcceptResult, DatasetEvent
-from trace_core.clock import Clock, SystemClock
+from trace_core.clock import Clock
 from trace_core.dispatcher.events import EventGateway
+from trace_core.dispatcher.periodic import service_clock
 from trace_core.dispatcher.source_runs import SourceJob, create_source_task, live_source_jobs
 from trace_core.errors import ConfigurationError, NotFound
 from trace_core.storage.protocol import Repository
@@ -58,7 +59,7 @@ class ManualTrigger:
         gateway: EventGateway | None = None,
     ) -> None:
         self.repo = repo
-        self.clock = clock or (tasks.clock if tasks is not None else SystemClock())
+        self.clock = service_clock(clock, tasks)
         self.tasks = tasks or TaskQueue(repo, clock=self.clock)
         self.gateway = gateway or EventGateway(repo, clock=self.clock)
 

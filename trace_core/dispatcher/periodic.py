@@ -7,21 +7,54 @@ tests and ``Dispatcher.run_once`` call), the loop repeats it until stopped.
 :meth:`~PeriodicService.wake` starts the next pass now instead of at the end
 of the interval: the Dispatcher calls it when something a service acts on
 changed (a deploy, a rollback, a promotion), so nothing waits for a tick.
+
+Each of them is a :class:`DispatcherService`, which wires what every sweeper
+shares once: the repository, the clock (the one given, else the shared task
+queue's), the task queue and the claim-order handicap of priority tiers.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import Any
 
 import anyio
 import anyio.abc
 
+from trace_core.clock import Clock, SystemClock
 from trace_core.errors import ConfigurationError
 from trace_core.outage import LoopHealth
+from trace_core.storage.protocol import Repository
+from trace_core.tasks import TaskQueue
 
-__all__ = ["PeriodicService", "require_positive"]
+__all__ = [
+    "DispatcherService",
+    "Handicap",
+    "PeriodicService",
+    "no_handicap",
+    "require_positive",
+    "service_clock",
+]
+
+Handicap = Callable[[str], float]
+"""Seconds a priority tier's new tasks are pushed back in claim order (the
+backpressure monitor's :meth:`handicap_seconds`)."""
+
+
+def service_clock(clock: Clock | None, tasks: TaskQueue | None) -> Clock:
+    """A Dispatcher service's clock: the one given, else its task queue's (so
+    a test's manual clock reaches every service through the shared queue),
+    else the system's."""
+    return clock or (tasks.clock if tasks is not None else SystemClock())
+
+
+def no_handicap(tier: str) -> float:
+    """The handicap of a Dispatcher without backpressure: none for every tier."""
+    return 0.0
+
 
 log = logging.getLogger(__name__)
 
@@ -116,3 +149,34 @@ class PeriodicService(ABC):
             self._waiting.cancel()
         if self._stopped is not None:
             await self._stopped.wait()
+
+
+class DispatcherService(PeriodicService):
+    """A :class:`PeriodicService` of the Dispatcher: it works on ``repo`` with
+    the Dispatcher's clock, task queue and claim-order handicap, wired here
+    once for every sweeper (each given one, or a default)."""
+
+    def __init__(
+        self,
+        repo: Repository,
+        interval_seconds: float,
+        *,
+        clock: Clock | None = None,
+        tasks: TaskQueue | None = None,
+        handicap: Handicap | None = None,
+    ) -> None:
+        self.repo = repo
+        self.clock = service_clock(clock, tasks)
+        self.handicap: Handicap = handicap or no_handicap
+        """Claim-order handicap of a priority tier, for the tasks a pass creates."""
+        self._given_tasks = tasks
+        super().__init__(interval_seconds)
+
+    @functools.cached_property
+    def tasks(self) -> TaskQueue:
+        """The task queue the service writes through: the Dispatcher's shared
+        one when given, else its own on the same repository and clock."""
+        return self._given_tasks or self._own_task_queue()
+
+    def _own_task_queue(self) -> TaskQueue:
+        return TaskQueue(self.repo, clock=self.clock)

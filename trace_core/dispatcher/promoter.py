@@ -22,9 +22,9 @@ from dataclasses import dataclass
 
 import sqlalchemy as sa
 
-from trace_core.clock import Clock, SystemClock
+from trace_core.clock import Clock
 from trace_core.dag import promote_if_caught_up
-from trace_core.dispatcher.periodic import PeriodicService, require_positive
+from trace_core.dispatcher.periodic import DispatcherService, require_positive
 from trace_core.storage import schema
 from trace_core.storage.sql import SqlRepository
 
@@ -44,7 +44,7 @@ class PromoterConfig:
         require_positive("PromoterConfig.interval_seconds", self.interval_seconds)
 
 
-class VersionPromoter(PeriodicService):
+class VersionPromoter(DispatcherService):
     """Promotes caught-up ``building`` DAG versions; see the module docstring."""
 
     def __init__(
@@ -55,9 +55,8 @@ class VersionPromoter(PeriodicService):
         config: PromoterConfig | None = None,
     ) -> None:
         self.config = config or PromoterConfig()
-        super().__init__(self.config.interval_seconds)
-        self.repo = repo
-        self.clock = clock or SystemClock()
+        super().__init__(repo, self.config.interval_seconds, clock=clock)
+        self.repo: SqlRepository = repo
 
     async def run_once(self) -> list[uuid.UUID]:
         """Promote every caught-up ``building`` version; the ids now current.

@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
-from trace_core.clock import Clock, SystemClock
-from trace_core.dispatcher.periodic import PeriodicService, require_positive
+from trace_core.clock import Clock
+from trace_core.dispatcher.periodic import DispatcherService, require_positive
 from trace_core.errors import ConfigurationError, InvalidTransition, StaleClaim
 from trace_core.leasing import FailOutcome, ReclaimHooks
 from trace_core.model import Fence
@@ -101,7 +101,7 @@ def _seconds(value: float) -> str:
     return f"{value:g}"
 
 
-class Reaper(PeriodicService):
+class Reaper(DispatcherService):
     """Fails expired leases and timed-out attempts; see the module docstring."""
 
     def __init__(
@@ -113,10 +113,7 @@ class Reaper(PeriodicService):
         tasks: TaskQueue | None = None,
     ) -> None:
         self.config = config or ReaperConfig()
-        super().__init__(self.config.interval_seconds)
-        self.repo = repo
-        self.clock = clock or (tasks.clock if tasks is not None else SystemClock())
-        self.tasks = tasks or TaskQueue(repo, clock=self.clock)
+        super().__init__(repo, self.config.interval_seconds, clock=clock, tasks=tasks)
         """Its lease config (the default lease) and retry policy are the ones used."""
 
     async def run_once(self) -> ReapReport:

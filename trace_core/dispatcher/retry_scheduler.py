@@ -12,8 +12,8 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 
-from trace_core.clock import Clock, SystemClock
-from trace_core.dispatcher.periodic import PeriodicService, require_positive
+from trace_core.clock import Clock
+from trace_core.dispatcher.periodic import DispatcherService, require_positive
 from trace_core.errors import ConfigurationError
 from trace_core.leasing import LeaseConfig
 from trace_core.storage.protocol import Repository
@@ -38,7 +38,7 @@ class RetrySchedulerConfig:
             raise ConfigurationError("RetrySchedulerConfig.batch_size must be within 1..10000")
 
 
-class RetryScheduler(PeriodicService):
+class RetryScheduler(DispatcherService):
     """Requeues due retries; see the module docstring."""
 
     def __init__(
@@ -50,11 +50,12 @@ class RetryScheduler(PeriodicService):
         tasks: TaskQueue | None = None,
     ) -> None:
         self.config = config or RetrySchedulerConfig()
-        super().__init__(self.config.interval_seconds)
-        self.tasks = tasks or TaskQueue(
-            repo,
-            clock=clock or SystemClock(),
-            config=LeaseConfig(max_batch=self.config.batch_size),
+        super().__init__(repo, self.config.interval_seconds, clock=clock, tasks=tasks)
+
+    def _own_task_queue(self) -> TaskQueue:
+        # Its own queue claims retries in batches of the configured size.
+        return TaskQueue(
+            self.repo, clock=self.clock, config=LeaseConfig(max_batch=self.config.batch_size)
         )
 
     async def run_once(self) -> list[uuid.UUID]:

@@ -20,10 +20,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from trace_core.clock import Clock, SystemClock
+from trace_core.clock import Clock
 from trace_core.dag import LiveJob, live_jobs, parse_duration
 from trace_core.dispatcher.job_states import by_job_id, ensure_job_states, lock_job_states
-from trace_core.dispatcher.periodic import PeriodicService, require_positive
+from trace_core.dispatcher.periodic import DispatcherService, require_positive
 from trace_core.errors import ConfigurationError
 from trace_core.storage.protocol import Repository
 
@@ -72,7 +72,7 @@ class ScaleReport:
     """Jobs that went ``Running -> Idle``."""
 
 
-class IdleScaler(PeriodicService):
+class IdleScaler(DispatcherService):
     """Tracks the scale state of live reactive jobs; see the module docstring."""
 
     def __init__(
@@ -83,9 +83,7 @@ class IdleScaler(PeriodicService):
         config: ScaleConfig | None = None,
     ) -> None:
         self.config = config or ScaleConfig()
-        super().__init__(self.config.interval_seconds)
-        self.repo = repo
-        self.clock = clock or SystemClock()
+        super().__init__(repo, self.config.interval_seconds, clock=clock)
 
     async def run_once(self) -> ScaleReport:
         """Scale up jobs with work, scale to zero jobs idle past their timeout."""

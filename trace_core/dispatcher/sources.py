@@ -32,15 +32,14 @@ their run canceled. Every decision is journaled.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from trace_core.clock import Clock, SystemClock
+from trace_core.clock import Clock
 from trace_core.dispatcher.job_states import RaceLost, by_job_id
-from trace_core.dispatcher.periodic import PeriodicService, require_positive
+from trace_core.dispatcher.periodic import DispatcherService, Handicap, require_positive
 from trace_core.dispatcher.source_runs import (
     SourceJob,
     SourceRun,
@@ -109,7 +108,7 @@ class SourceReport:
     """Jobs no longer live whose run was stopped."""
 
 
-class SourceSupervisor(PeriodicService):
+class SourceSupervisor(DispatcherService):
     """Keeps always-on sources running; stops the runs of non-live jobs."""
 
     def __init__(
@@ -119,14 +118,12 @@ class SourceSupervisor(PeriodicService):
         clock: Clock | None = None,
         config: SourceConfig | None = None,
         tasks: TaskQueue | None = None,
-        handicap: Callable[[str], float] | None = None,
+        handicap: Handicap | None = None,
     ) -> None:
         self.config = config or SourceConfig()
-        super().__init__(self.config.interval_seconds)
-        self.repo = repo
-        self.clock = clock or (tasks.clock if tasks is not None else SystemClock())
-        self.tasks = tasks or TaskQueue(repo, clock=self.clock)
-        self.handicap = handicap or (lambda tier: 0.0)
+        super().__init__(
+            repo, self.config.interval_seconds, clock=clock, tasks=tasks, handicap=handicap
+        )
         """Claim-order handicap of a priority tier (as the router uses)."""
         self._draining = False
 
