@@ -16,7 +16,15 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 BEHIND_THE_SEAM = sorted(
-    [*(ROOT / "trace_core" / "dag").glob("*.py"), ROOT / "trace_core" / "api" / "streams.py"]
+    [
+        *(ROOT / "trace_core" / "dag").glob("*.py"),
+        ROOT / "trace_core" / "api" / "streams.py",
+        *(
+            ROOT / "trace_core" / "dispatcher" / f"{name}.py"
+            for name in ("events", "routing", "routing_sql", "coverage", "redeliveries")
+            + ("topology", "promoter")
+        ),
+    ]
 )
 PORT_MODULES = sorted((ROOT / "trace_core" / "storage" / "ports").glob("*.py"))
 

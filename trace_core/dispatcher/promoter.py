@@ -20,13 +20,10 @@ import logging
 import uuid
 from dataclasses import dataclass
 
-import sqlalchemy as sa
-
 from trace_core.clock import Clock, SystemClock
 from trace_core.dag import promote_if_caught_up
 from trace_core.dispatcher.periodic import PeriodicService, require_positive
-from trace_core.storage import schema
-from trace_core.storage.sql import SqlRepository
+from trace_core.storage.protocol import Repository
 
 __all__ = ["PromoterConfig", "VersionPromoter"]
 
@@ -49,7 +46,7 @@ class VersionPromoter(PeriodicService):
 
     def __init__(
         self,
-        repo: SqlRepository,
+        repo: Repository,
         *,
         clock: Clock | None = None,
         config: PromoterConfig | None = None,
@@ -65,17 +62,11 @@ class VersionPromoter(PeriodicService):
         A version another Dispatcher promoted since the scan is reported too
         (:func:`~trace_core.dag.promote_if_caught_up` says it is current).
         """
-        dv = schema.dag_versions
         async with self.repo.read() as tx:
-            building = (
-                await tx.connection.execute(
-                    sa.select(dv.c.id, dv.c.dag_name)
-                    .where(dv.c.status == "building")
-                    .order_by(dv.c.created_at, dv.c.id)
-                )
-            ).all()
+            building = await tx.deploy.building_versions()
         promoted: list[uuid.UUID] = []
-        for version_id, dag_name in building:
+        for version in building:
+            version_id, dag_name = version.version_id, version.dag_name
             try:
                 if not await promote_if_caught_up(self.repo, version_id, clock=self.clock):
                     continue

@@ -19,6 +19,8 @@ from typing import Any, Literal, Protocol
 
 from trace_core.model import Fence, ItemState, Lease, QueueSpec
 from trace_core.storage.ports import DeployOps, RegistryOps, TaskOps
+from trace_core.storage.ports.events import EventOps
+from trace_core.storage.ports.routing import RoutingOps
 from trace_core.wakeup import Subscription
 
 __all__ = [
@@ -123,6 +125,16 @@ class Transaction(Protocol):
     @property
     def tasks(self) -> TaskOps:
         """Task lookups by job and runtime."""
+        ...
+
+    @property
+    def events(self) -> EventOps:
+        """Accepting events: event rows, redelivery counts, version progress."""
+        ...
+
+    @property
+    def routing(self) -> RoutingOps:
+        """Routing stored events: pending events, task inputs, route outcomes."""
         ...
 
     # --- the ownership protocol, one implementation for every queue ---------

@@ -19,7 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from trace_core.errors import ConfigurationError
 from trace_core.model import Fence, ItemState, Lease, QueueSpec
 from trace_core.storage import schema
-from trace_core.storage.bulk import bulk_insert, records_param, wakeup_rows_sql
+from trace_core.storage.bulk import bulk_insert, records_param, wakeup_params, wakeup_rows_sql
 from trace_core.storage.engine import SQLITE_BEGIN, EngineSettings, create_engine
 from trace_core.storage.protocol import (
     IdempotencyRecord,
@@ -31,6 +31,7 @@ from trace_core.storage.protocol import (
 )
 from trace_core.storage.sql_deploy import SqlDeployOps
 from trace_core.storage.sql_errors import translate_errors
+from trace_core.storage.sql_events import SqlEventOps
 from trace_core.storage.sql_leasing import (
     LeaseStatements,
     fence_storable,
@@ -38,6 +39,7 @@ from trace_core.storage.sql_leasing import (
     status_in,
 )
 from trace_core.storage.sql_registry import SqlRegistryOps
+from trace_core.storage.sql_routing import SqlRoutingOps
 from trace_core.storage.sql_tasks import SqlTaskOps
 from trace_core.storage.url import DatabaseURL, parse_database_url
 from trace_core.wakeup import Subscription, WakeupHub
@@ -149,6 +151,16 @@ class SqlTransaction:
     def tasks(self) -> SqlTaskOps:
         """Task lookups by job and runtime (:mod:`~trace_core.storage.sql_tasks`)."""
         return SqlTaskOps(self)
+
+    @functools.cached_property
+    def events(self) -> SqlEventOps:
+        """Event rows and version progress (:mod:`~trace_core.storage.sql_events`)."""
+        return SqlEventOps(self)
+
+    @functools.cached_property
+    def routing(self) -> SqlRoutingOps:
+        """Routing reads and writes (:mod:`~trace_core.storage.sql_routing`)."""
+        return SqlRoutingOps(self)
 
     # --- ownership protocol -------------------------------------------------
 
@@ -467,12 +479,7 @@ class SqlTransaction:
         if wakeup is None:
             found = await self._fetch(_insert_tasks(tuple(rows[0])), params)
         else:
-            params |= {
-                "now": now,
-                "wake_kind": wakeup.outbox_kind,
-                "wake_chunk": wakeup.chunk,
-                "wake_attempts": NewOutboxRow.max_attempts,
-            }
+            params |= wakeup_params(wakeup, now)
             found = await self._fetch(_insert_and_wake(tuple(rows[0]), wakeup), params)
             self.channels.update(wakeup.channels)
             self.notified.update(wakeup.channels)

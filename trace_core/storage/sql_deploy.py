@@ -149,6 +149,18 @@ class SqlDeployOps(SqlArea):
         )
         return [row[0] for row in await self._rows("dag versions", stmt)]
 
+    async def building_versions(self) -> list[DagVersionRow]:
+        dv = schema.dag_versions
+        stmt = (
+            sa.select(dv.c.id, dv.c.org_id, dv.c.dag_name)
+            .where(dv.c.status == "building")
+            .order_by(dv.c.created_at, dv.c.id)
+        )
+        return [
+            DagVersionRow(row[0], row[1], str(row[2]), "building")
+            for row in await self._rows("building versions", stmt)
+        ]
+
     async def latest_superseded_version(self, org_id: uuid.UUID, dag_name: str) -> uuid.UUID | None:
         dv = schema.dag_versions
         stmt = (

@@ -18,6 +18,14 @@ from trace_core.storage.ports.deploy import (
     NewDagVersion,
     Pointers,
 )
+from trace_core.storage.ports.events import (
+    EventKey,
+    EventOps,
+    NewEvent,
+    ProducerAttempt,
+    ProgressFold,
+    StoredEvents,
+)
 from trace_core.storage.ports.registry import (
     NewDataset,
     NewDatasetVersion,
@@ -25,12 +33,22 @@ from trace_core.storage.ports.registry import (
     RegistryOps,
     VersionProgress,
 )
+from trace_core.storage.ports.routing import (
+    RouteOutcome,
+    RoutingOps,
+    SetRoute,
+    SingleInputJob,
+    StoredEvent,
+    TaskInput,
+)
 from trace_core.storage.ports.tasks import RuntimeRoute, TaskOps
 
 __all__ = [
     "DagVersionRef",
     "DagVersionRow",
     "DeployOps",
+    "EventKey",
+    "EventOps",
     "JobOutputs",
     "JobRecord",
     "LiveVersion",
@@ -38,10 +56,20 @@ __all__ = [
     "NewDagVersion",
     "NewDataset",
     "NewDatasetVersion",
+    "NewEvent",
     "Pointers",
+    "ProducerAttempt",
+    "ProgressFold",
     "RegisteredDataset",
     "RegistryOps",
+    "RouteOutcome",
+    "RoutingOps",
     "RuntimeRoute",
+    "SetRoute",
+    "SingleInputJob",
+    "StoredEvent",
+    "StoredEvents",
+    "TaskInput",
     "TaskOps",
     "VersionProgress",
 ]

@@ -155,6 +155,11 @@ class DeployOps(Protocol):
         """The DAG's versions in ``status``, in no particular order."""
         ...
 
+    async def building_versions(self) -> list[DagVersionRow]:
+        """Every ``building`` version of every DAG, oldest first (creation
+        time, then id)."""
+        ...
+
     async def latest_superseded_version(self, org_id: uuid.UUID, dag_name: str) -> uuid.UUID | None:
         """The DAG's superseded version activated last (creation time breaks
         ties; a never-activated one comes after any activated one)."""
