@@ -19,10 +19,13 @@ BEHIND_THE_SEAM = sorted(
     [
         *(ROOT / "trace_core" / "dag").glob("*.py"),
         ROOT / "trace_core" / "api" / "streams.py",
+        # the Dispatcher's events, routing and journal
         *(
             ROOT / "trace_core" / "dispatcher" / f"{name}.py"
-            for name in ("events", "routing", "routing_sql", "coverage", "redeliveries")
-            + ("topology", "promoter")
+            for name in [
+                *("events", "routing", "routing_sql", "coverage"),
+                *("redeliveries", "journal", "topology", "promoter"),
+            ]
         ),
     ]
 )

@@ -88,7 +88,7 @@ class Backfiller(PeriodicService):
                 continue  # paused: its history waits for the pause to lift
             async with self.repo.transaction() as tx:
                 await record(
-                    as_sql(tx).connection,
+                    tx,
                     job_id,
                     BACKFILLED,
                     f"replayed {report.events} input events: {report.tasks_created} tasks"

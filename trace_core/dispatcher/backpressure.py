@@ -198,7 +198,7 @@ class BackpressureMonitor(PeriodicService):
             for job_id in work:
                 pause = plan.pauses.get(job_id)
                 if pause is None:
-                    if await self._resume(wtx.connection, job_id, ours[job_id], now):
+                    if await self._resume(wtx, job_id, ours[job_id], now):
                         report.resumed.append(job_id)
                 elif job_id not in ours:
                     if await self._pause(wtx, job_id, pause, plan, now):
@@ -236,11 +236,11 @@ class BackpressureMonitor(PeriodicService):
                 for c in pause.causes
             ]
         }
-        await journal.record(tx.connection, job_id, "paused", pause.reason, now=now, detail=detail)
+        await journal.record(tx, job_id, "paused", pause.reason, now=now, detail=detail)
         return True
 
     async def _resume(
-        self, conn: AsyncConnection, job_id: uuid.UUID, reason: str, now: datetime
+        self, tx: SqlTransaction, job_id: uuid.UUID, reason: str, now: datetime
     ) -> bool:
         js = schema.job_states
         stmt = (
@@ -249,10 +249,10 @@ class BackpressureMonitor(PeriodicService):
             .values(paused=False, pause_reason=None, paused_at=None, updated_at=now)
             .returning(js.c.job_id)
         )
-        if (await conn.execute(stmt)).first() is None:
+        if (await tx.connection.execute(stmt)).first() is None:
             return False
         await journal.record(
-            conn,
+            tx,
             job_id,
             "resumed",
             "backpressure cleared; was " + reason.removeprefix(PAUSE_PREFIX),

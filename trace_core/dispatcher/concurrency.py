@@ -210,7 +210,7 @@ class ConcurrencyGate:
                     state = await tx.inspect(TASKS, task_id)
                     if state is None or state.status != TASKS.ready:
                         return ClaimOutcome(None, self.tasks.leases.refusal_reason(state))
-                    await self._journal_wait(conn, job_id, running, limits.max_concurrency)
+                    await self._journal_wait(tx, job_id, running, limits.max_concurrency)
                     return ClaimOutcome(None, NotClaimedReason.CONCURRENCY_LIMIT)
             return await self.tasks.leases.claim(
                 task_id, worker_id, tx=tx, lease_seconds=limits.lease_seconds
@@ -344,7 +344,7 @@ class ConcurrencyGate:
             await lock_job_states(tx, [job_id])
 
     async def _journal_wait(
-        self, conn: AsyncConnection, job_id: uuid.UUID, running: int, limit: int
+        self, tx: SqlTransaction, job_id: uuid.UUID, running: int, limit: int
     ) -> None:
         now = self.clock.now()
         last = self._journaled.get(job_id)
@@ -354,7 +354,7 @@ class ConcurrencyGate:
             return
         self._journaled[job_id] = now
         await journal.record(
-            conn,
+            tx,
             job_id,
             CONCURRENCY_WAIT,
             f"claim refused: {running} tasks running, max_concurrency {limit}",

@@ -247,7 +247,7 @@ class CronScheduler(PeriodicService):
             ):
                 raise RaceLost
             await record(
-                st.connection,
+                st,
                 job.job_id,
                 "cron_scheduled",
                 f"cron {schedule.expression!r} ({schedule.timezone}): "
@@ -279,7 +279,7 @@ class CronScheduler(PeriodicService):
             paused, reason = await read_pause(conn, job.job_id)
             if paused:
                 await record(
-                    conn,
+                    st,
                     job.job_id,
                     "cron_skipped",
                     f"cron fire at {fire} skipped: paused by backpressure"
@@ -301,7 +301,7 @@ class CronScheduler(PeriodicService):
             )
             await upsert_job_state(st, job.job_id, {"last_fired_at": due.fire_at}, now=now)
             await record(
-                conn,
+                st,
                 job.job_id,
                 "cron_fired",
                 f"cron fired for {fire}: task {created.task_id}{missed}",
@@ -324,7 +324,7 @@ class CronScheduler(PeriodicService):
                 where=[same_as(s.c.source_status, status)],
             ):
                 raise RaceLost
-            await record(st.connection, job_id, "cron_invalid", problem, now=now)
+            await record(st, job_id, "cron_invalid", problem, now=now)
 
     async def _retire(
         self, job_id: uuid.UUID, next_fire: datetime, now: datetime, report: CronReport
@@ -337,7 +337,7 @@ class CronScheduler(PeriodicService):
             ):
                 raise RaceLost
             await record(
-                st.connection,
+                st,
                 job_id,
                 "cron_retired",
                 "cron schedule stopped: job no longer live (its DAG version was superseded)",

@@ -120,7 +120,7 @@ async def explain_job(
         await _state(conn, found)
         await _tasks(conn, found, limit)
         await _events(conn, found, [uuid.UUID(d) for d in job["input_datasets"] or ()], limit)
-        found.journal = [dict(e) for e in await read_journal(conn, found.job_id, limit=limit)]
+        found.journal = [dict(e) for e in await read_journal(tx, found.job_id, limit=limit)]
     found.reasons = _reasons(found)
     return found
 

@@ -89,7 +89,7 @@ class ManualTrigger:
             if paused:
                 reason = "paused by backpressure"
                 await record(
-                    conn,
+                    st,
                     target.job_id,
                     "manual_refused",
                     f"manual trigger {key!r} refused: {reason}",
@@ -102,7 +102,7 @@ class ManualTrigger:
             )
             if created.created:
                 await record(
-                    conn,
+                    st,
                     target.job_id,
                     "manual_task",
                     f"manual trigger {key!r} created task {created.task_id}",

@@ -157,7 +157,7 @@ class Reaper(PeriodicService):
 
         async def failed(t: Transaction, fence: Fence, outcome: FailOutcome, reason: str) -> None:
             if not outcome.retrying:
-                await _journal_dead(as_sql(t).connection, jobs[fence.item_id], fence, reason, now)
+                await _journal_dead(t, jobs[fence.item_id], fence, reason, now)
 
         reclaimed = await self.tasks.leases.reclaim_expired(
             limit=self.config.batch_size, hooks=ReclaimHooks(reasons, failed)
@@ -177,7 +177,7 @@ class Reaper(PeriodicService):
                 async with self.repo.transaction() as t:
                     outcome = await self.tasks.fail(fence, reason, tx=t, timed_out=True)
                     if not outcome.retrying:
-                        await _journal_dead(as_sql(t).connection, job_id, fence, reason, now)
+                        await _journal_dead(t, job_id, fence, reason, now)
             except (StaleClaim, InvalidTransition):
                 # The worker finished, or the attempt was reclaimed or canceled,
                 # between the scan and this fenced write: nothing to time out.
@@ -251,10 +251,10 @@ async def _timed_out(
 
 
 async def _journal_dead(
-    conn: AsyncConnection, job_id: uuid.UUID, fence: Fence, reason: str, now: datetime
+    tx: Transaction, job_id: uuid.UUID, fence: Fence, reason: str, now: datetime
 ) -> None:
     await record(
-        conn,
+        tx,
         job_id,
         "task_dead",
         f"task {fence.item_id} failed terminally on attempt {fence.attempt}: {reason}",

@@ -134,7 +134,7 @@ class EventRouter:
                 return report
             dependents = await reactive_dependents(tx, {e.dataset_uuid for e in events})
             paused = await tx.routing.paused_job_ids()
-            live = await tx.routing.live_dataset_versions()
+            live = await tx.deploy.live_dataset_versions()
             now = self.clock.now()
             if tx.routing.routes_in_one_statement and self._set_based(dependents, paused):
                 await self._route_in_sql(tx, events, dependents, live, now, report)

@@ -144,7 +144,7 @@ class IdleScaler(PeriodicService):
                     report.scaled_up.append(job_id)
                     n = active[job_id]
                     await record(
-                        conn,
+                        st,
                         job_id,
                         "scale_up",
                         f"scale up: {n} queued or running task(s)",
@@ -171,7 +171,7 @@ class IdleScaler(PeriodicService):
                     continue  # another scaler saw new work meanwhile
                 report.scaled_down.append(job_id)
                 await record(
-                    conn,
+                    st,
                     job_id,
                     "scale_to_zero",
                     f"scale to zero: no queued or running task for {idle:g} s "

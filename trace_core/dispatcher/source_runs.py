@@ -165,7 +165,7 @@ async def create_source_task(
             sa.delete(o).where(o.c.org_id == job.org_id, o.c.job_id == job.job_id)
         )
         await record(
-            conn,
+            st,
             job.job_id,
             "bootstrap_reset",
             f"first task {created.task_id} resets the outputs; "

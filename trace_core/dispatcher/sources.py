@@ -201,7 +201,7 @@ class SourceSupervisor(PeriodicService):
                 raise RaceLost
             kind, message = _describe(run, state, new)
             await record(
-                st.connection,
+                st,
                 job.job_id,
                 kind,
                 message,
@@ -246,7 +246,7 @@ class SourceSupervisor(PeriodicService):
                 raise RaceLost
             after = f" after run {previous} stopped" if previous else ""
             await record(
-                st.connection,
+                st,
                 job.job_id,
                 "source_start",
                 f"source run {created.task_id} created{after}; waiting for a worker",
@@ -282,7 +282,7 @@ class SourceSupervisor(PeriodicService):
             if task_id is not None:
                 canceled = await self.tasks.leases.cancel([task_id], reason=reason, tx=st)
             message = reason + (f"; run {task_id} canceled" if canceled else "")
-            await record(st.connection, job_id, "source_retired", message, now=now)
+            await record(st, job_id, "source_retired", message, now=now)
         report.retired.append(job_id)
         report.transitions.append((job_id, status, str(SourceStatus.STOPPED)))
 
@@ -332,7 +332,7 @@ class SourceSupervisor(PeriodicService):
                     continue  # changed since the scan
                 drained.append(job_id)
                 await record(
-                    conn,
+                    st,
                     job_id,
                     "source_draining",
                     f"shutdown: source run {task_id} asked to stop",

@@ -20,6 +20,7 @@ from typing import Any, Literal, Protocol
 from trace_core.model import Fence, ItemState, Lease, QueueSpec
 from trace_core.storage.ports import DeployOps, RegistryOps, TaskOps
 from trace_core.storage.ports.events import EventOps
+from trace_core.storage.ports.journal import JournalOps
 from trace_core.storage.ports.routing import RoutingOps
 from trace_core.wakeup import Subscription
 
@@ -135,6 +136,11 @@ class Transaction(Protocol):
     @property
     def routing(self) -> RoutingOps:
         """Routing stored events: pending events, task inputs, route outcomes."""
+        ...
+
+    @property
+    def journal(self) -> JournalOps:
+        """The job journal: why a job did or did not run."""
         ...
 
     # --- the ownership protocol, one implementation for every queue ---------

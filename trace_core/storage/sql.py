@@ -32,6 +32,7 @@ from trace_core.storage.protocol import (
 from trace_core.storage.sql_deploy import SqlDeployOps
 from trace_core.storage.sql_errors import translate_errors
 from trace_core.storage.sql_events import SqlEventOps
+from trace_core.storage.sql_journal import SqlJournalOps
 from trace_core.storage.sql_leasing import (
     LeaseStatements,
     fence_storable,
@@ -161,6 +162,11 @@ class SqlTransaction:
     def routing(self) -> SqlRoutingOps:
         """Routing reads and writes (:mod:`~trace_core.storage.sql_routing`)."""
         return SqlRoutingOps(self)
+
+    @functools.cached_property
+    def journal(self) -> SqlJournalOps:
+        """The job journal (:mod:`~trace_core.storage.sql_journal`)."""
+        return SqlJournalOps(self)
 
     # --- ownership protocol -------------------------------------------------
 

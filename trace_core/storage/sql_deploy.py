@@ -288,6 +288,16 @@ class SqlDeployOps(SqlArea):
         )
         return {row[0]: row[1] for row in await self._rows("producers' current pointers", stmt)}
 
+    async def live_dataset_versions(self) -> set[uuid.UUID]:
+        p, v = schema.dag_version_datasets, schema.dag_versions
+        stmt = (
+            sa.select(p.c.dataset_version)
+            .join(v, v.c.id == p.c.dag_version_id)
+            .where(v.c.status.in_(_LIVE))
+            .distinct()
+        )
+        return {row[0] for row in await self._rows("live dataset versions", stmt)}
+
     async def insert_pointers(
         self, version_id: uuid.UUID, pointers: Mapping[uuid.UUID, uuid.UUID]
     ) -> None:

@@ -223,16 +223,6 @@ class SqlRoutingOps(SqlArea):
         stmt = sa.select(s.c.job_id).where(s.c.paused.is_(True))
         return {row[0] for row in await self._rows("paused jobs", stmt)}
 
-    async def live_dataset_versions(self) -> set[uuid.UUID]:
-        p, v = schema.dag_version_datasets, schema.dag_versions
-        stmt = (
-            sa.select(p.c.dataset_version)
-            .join(v, v.c.id == p.c.dag_version_id)
-            .where(v.c.status.in_(("current", "building")))
-            .distinct()
-        )
-        return {row[0] for row in await self._rows("live dataset versions", stmt)}
-
     async def insert_task_inputs_if_absent(self, rows: Sequence[TaskInput]) -> None:
         if not rows:
             return

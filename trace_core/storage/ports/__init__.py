@@ -26,6 +26,7 @@ from trace_core.storage.ports.events import (
     ProgressFold,
     StoredEvents,
 )
+from trace_core.storage.ports.journal import JournalOps, JournalRecord
 from trace_core.storage.ports.registry import (
     NewDataset,
     NewDatasetVersion,
@@ -51,6 +52,8 @@ __all__ = [
     "EventOps",
     "JobOutputs",
     "JobRecord",
+    "JournalOps",
+    "JournalRecord",
     "LiveVersion",
     "LiveVersionJob",
     "NewDagVersion",

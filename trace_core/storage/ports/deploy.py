@@ -229,6 +229,11 @@ class DeployOps(Protocol):
         version, or whose current version does not point at them, are absent."""
         ...
 
+    async def live_dataset_versions(self) -> set[uuid.UUID]:
+        """Dataset versions pointed at by a ``current`` or ``building`` DAG
+        version (each once)."""
+        ...
+
     async def insert_pointers(
         self, version_id: uuid.UUID, pointers: Mapping[uuid.UUID, uuid.UUID]
     ) -> None:

@@ -137,11 +137,6 @@ class RoutingOps(Protocol):
         """The jobs whose state says ``paused`` (by backpressure)."""
         ...
 
-    async def live_dataset_versions(self) -> set[uuid.UUID]:
-        """Dataset versions pointed at by a ``current`` or ``building`` DAG
-        version (each once)."""
-        ...
-
     async def insert_task_inputs_if_absent(self, rows: Sequence[TaskInput]) -> None:
         """Insert the rows; one already stored (same task and input unit) is
         skipped. Nothing for an empty input."""
