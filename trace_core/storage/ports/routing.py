@@ -171,7 +171,9 @@ class RoutingOps(Protocol):
         already, with its ``task_inputs`` row and its wake-up (``wakeup``'s
         outbox rows; its channels are notified at commit). Every event
         becomes ``routed`` (``not_current`` for those in ``not_current``) with
-        its outcome stored as :meth:`store_route_outcomes` does. Only where
-        :attr:`routes_in_one_statement`.
+        its outcome stored as :meth:`store_route_outcomes` does. Returns the
+        tasks created and the (event, job) pairs decided. Only where
+        :attr:`routes_in_one_statement`; elsewhere it raises
+        ``NotImplementedError`` and writes nothing.
         """
         ...
