@@ -357,7 +357,7 @@ CHAIN = [
 
 async def journal_of(repo: SqlRepository, job_id: uuid.UUID) -> list[tuple[str, str]]:
     async with repo.read() as tx:
-        entries = await read_journal(tx.connection, job_id)
+        entries = await read_journal(tx, job_id)
     return [(e["kind"], e["message"]) for e in reversed(entries)]
 
 

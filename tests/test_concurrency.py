@@ -48,7 +48,7 @@ async def running(repo: SqlRepository, job_id: uuid.UUID) -> int:
 
 async def waits(repo: SqlRepository, job_id: uuid.UUID) -> int:
     async with repo.read() as tx:
-        entries = await read_journal(tx.connection, job_id)
+        entries = await read_journal(tx, job_id)
     return sum(1 for e in entries if e["kind"] == CONCURRENCY_WAIT)
 
 
@@ -157,7 +157,7 @@ async def test_waits_are_journaled_at_most_once_per_interval(
     await g.claim(tasks[3], "w2")
     assert await waits(repo, ids["limited"]) == 2
     async with repo.read() as tx:
-        [entry, *_] = await read_journal(tx.connection, ids["limited"])
+        [entry, *_] = await read_journal(tx, ids["limited"])
     assert entry["message"] == "claim refused: 2 tasks running, max_concurrency 2"
     assert entry["detail"] == {"running": 2, "max_concurrency": 2}
 

@@ -95,7 +95,7 @@ class Setup:
 
     async def journal(self, name: str) -> list[Any]:
         async with self.repo.read() as t:
-            return list(await read_journal(t.connection, self.jobs[name].job_id))
+            return list(await read_journal(t, self.jobs[name].job_id))
 
 
 @pytest.fixture

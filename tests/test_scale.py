@@ -75,7 +75,7 @@ async def state(repo: SqlRepository, job: uuid.UUID) -> Any:
 
 async def kinds(repo: SqlRepository, job: uuid.UUID) -> list[str]:
     async with repo.read() as t:
-        return [e["kind"] for e in reversed(await read_journal(t.connection, job))]
+        return [e["kind"] for e in reversed(await read_journal(t, job))]
 
 
 async def test_idle_timeout_scales_to_zero(

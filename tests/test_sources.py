@@ -114,7 +114,7 @@ class Platform:
     async def journal(self, job_id: uuid.UUID) -> list[str]:
         """Journal kinds, oldest first."""
         async with self.repo.read() as t:
-            entries = await read_journal(t.connection, job_id, limit=200)
+            entries = await read_journal(t, job_id, limit=200)
         return [e["kind"] for e in reversed(entries)]
 
     async def claim(self, task_id: uuid.UUID, worker: str) -> Lease:
@@ -462,7 +462,7 @@ async def test_cron_fire_while_paused_is_skipped_and_journaled(
     assert report.skipped == [job] and report.fired == []
     assert await platform.tasks_of(job) == []
     async with platform.repo.read() as t:
-        [entry, *_] = await read_journal(t.connection, job)
+        [entry, *_] = await read_journal(t, job)
     assert entry["kind"] == "cron_skipped"
     assert "paused by backpressure (queue depth 1200 > 1000)" in entry["message"]
     await platform.set_paused(job, False)

@@ -137,6 +137,38 @@ async def test_status_marks_and_the_guarded_supersede(
         assert (await ops.version(v2)) == DagVersionRow(v2, world.org_id, "down", "building")
 
 
+async def test_building_versions_of_every_dag_oldest_first(
+    repo: SqlRepository, clock: ManualClock, world: World
+) -> None:
+    down = await new_version(repo, clock, world, "down", "h1")
+    up = await new_version(repo, clock, world, "up", "h1")
+    current = await new_version(repo, clock, world, "up", "h2")
+    async with repo.transaction() as tx:
+        await tx.deploy.mark_version_current(current, now=clock.now())
+        assert await tx.deploy.building_versions() == [
+            DagVersionRow(down, world.org_id, "down", "building"),
+            DagVersionRow(up, world.org_id, "up", "building"),
+        ]
+
+
+async def test_live_dataset_versions_are_those_of_current_and_building_versions(
+    repo: SqlRepository, clock: ManualClock, world: World
+) -> None:
+    a, b, v = world.datasets["a"], world.datasets["b"], world.versions
+    current = await new_version(repo, clock, world, "up", "h1")
+    building = await new_version(repo, clock, world, "up", "h2")
+    async with repo.transaction() as tx:
+        assert await tx.deploy.live_dataset_versions() == set()
+        await tx.deploy.insert_pointers(current, {a: v["a1"], b: v["b1"]})
+        await tx.deploy.insert_pointers(building, {a: v["a1"]})  # shared: counted once
+        await tx.deploy.mark_version_current(current, now=clock.now())
+        assert await tx.deploy.live_dataset_versions() == {v["a1"], v["b1"]}
+        await tx.deploy.mark_versions_abandoned([current])
+        assert await tx.deploy.live_dataset_versions() == {v["a1"]}
+        await tx.deploy.mark_versions_abandoned([building])
+        assert await tx.deploy.live_dataset_versions() == set()
+
+
 async def test_the_latest_superseded_version_is_the_one_activated_last(
     repo: SqlRepository, clock: ManualClock, world: World
 ) -> None:

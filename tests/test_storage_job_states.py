@@ -27,16 +27,6 @@ async def rows(repo: SqlRepository) -> dict[uuid.UUID, dict[str, Any]]:
     return {row.job_id: dict(row._mapping) for row in found}
 
 
-async def journal(repo: SqlRepository) -> list[tuple[uuid.UUID, str, str, Any]]:
-    """Every journal entry, oldest first."""
-    j = schema.job_journal
-    async with repo.read() as tx:
-        found = await tx.connection.execute(
-            sa.select(j.c.job_id, j.c.kind, j.c.message, j.c.detail).order_by(j.c.id)
-        )
-    return [tuple(row) for row in found]  # type: ignore[misc]
-
-
 async def test_ensure_creates_missing_rows_and_leaves_existing_ones(
     repo: SqlRepository, clock: ManualClock
 ) -> None:
@@ -108,19 +98,6 @@ async def test_update_if_matches_refuses_a_field_it_does_not_know(
             )
     assert caught.value.field == f"{where}.updated_at"
     assert await rows(repo) == {}
-
-
-async def test_journal_appends_entries_in_order(repo: SqlRepository, clock: ManualClock) -> None:
-    a, b = await jobs(repo, clock, ("spark", "a"), ("spark", "b"))
-    async with repo.transaction() as tx:
-        await tx.job_states.journal(a, "paused", "queue full", now=clock.now(), detail={"n": 1})
-        await tx.job_states.journal(b, "scale_up", "work", now=clock.now())
-        await tx.job_states.journal(a, "resumed", "drained", now=clock.now())
-    assert await journal(repo) == [
-        (a, "paused", "queue full", {"n": 1}),
-        (b, "scale_up", "work", None),
-        (a, "resumed", "drained", None),
-    ]
 
 
 async def test_pauses_are_read_and_lifted_only_when_ours(

@@ -36,6 +36,15 @@ MOVED_DISPATCHER_MODULES = (
     "operator_state",
     "payload",
     "reaper",
+    # events: events, routing, coverage, redeliveries, the journal, topology
+    "coverage",
+    "events",
+    "journal",
+    "promoter",
+    "redeliveries",
+    "routing",
+    "routing_sql",
+    "topology",
 )
 BEHIND_THE_SEAM = sorted(
     [

@@ -383,33 +383,6 @@ async def test_record_cron_fire_creates_the_row(repo: SqlRepository, clock: Manu
 # --- pauses and the journal ---------------------------------------------------------
 
 
-async def test_journal_appends_and_journaled_jobs_finds_a_kind(
-    repo: SqlRepository, clock: ManualClock
-) -> None:
-    _, [done, other_kind, none] = await make_jobs(repo, clock, 3)
-    async with repo.transaction() as tx:
-        await tx.job_states.journal(
-            done, "backfilled", "replayed", now=clock.now(), detail={"n": 1}
-        )
-        await tx.job_states.journal(done, "backfilled", "again", now=clock.now())
-        await tx.job_states.journal(other_kind, "cron_fired", "fired", now=clock.now())
-    async with repo.read() as tx:
-        found = await tx.sources.journaled_jobs("backfilled", [done, other_kind, none])
-        assert await tx.sources.journaled_jobs("backfilled", []) == set()
-        j = schema.job_journal
-        rows = (
-            await tx.connection.execute(
-                sa.select(j.c.job_id, j.c.at, j.c.kind, j.c.message, j.c.detail).order_by(j.c.id)
-            )
-        ).all()
-    assert found == {done}
-    assert [tuple(r) for r in rows] == [
-        (done, clock.now(), "backfilled", "replayed", {"n": 1}),
-        (done, clock.now(), "backfilled", "again", None),
-        (other_kind, clock.now(), "cron_fired", "fired", None),
-    ]
-
-
 # --- the launch area ------------------------------------------------------------------
 
 

@@ -11,40 +11,14 @@ from __future__ import annotations
 
 import bisect
 import uuid
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
+from trace_core.ranges import Range, merge_ranges
 from trace_core.storage.protocol import Transaction
 
 __all__ = ["Coverage", "Range", "covers", "merge_ranges", "read_coverage"]
-
-Range = tuple[int, int]
-"""An inclusive ``(start, end)`` block range."""
-
-
-def merge_ranges(ranges: Iterable[Sequence[int]]) -> list[Range]:
-    """Sort and merge inclusive integer ranges; touching ranges merge too.
-
-    ``[[0, 9], [10, 19], [30, 39], [35, 50]]`` -> ``[(0, 19), (30, 50)]``.
-    Raises ``ValueError`` for a range whose end is before its start.
-    """
-    pairs: list[Range] = []
-    for item in ranges:
-        start, end = int(item[0]), int(item[1])
-        if end < start:
-            raise ValueError(f"range [{start}, {end}] ends before it starts")
-        pairs.append((start, end))
-    pairs.sort()
-    merged: list[Range] = []
-    for start, end in pairs:
-        # Block numbers are integers: [0, 9] and [10, 19] leave no gap.
-        if merged and start <= merged[-1][1] + 1:
-            if end > merged[-1][1]:
-                merged[-1] = (merged[-1][0], end)
-        else:
-            merged.append((start, end))
-    return merged
 
 
 @dataclass(frozen=True)

@@ -63,14 +63,14 @@ class Backfiller(DispatcherService):
             }
             if not building:
                 return []
-            done = await tx.sources.journaled_jobs(BACKFILLED, building)
+            done = await tx.journal.jobs_with_entry(BACKFILLED, building)
         completed = []
         for job_id in sorted(building - done):
             report = await self.router.replay({job_id})
             if report.deferred:
                 continue  # paused: its history waits for the pause to lift
             async with self.repo.transaction() as tx:
-                await tx.job_states.journal(
+                await tx.journal.append(
                     job_id,
                     BACKFILLED,
                     f"replayed {report.events} input events: {report.tasks_created} tasks"

@@ -218,13 +218,13 @@ class BackpressureMonitor(DispatcherService):
                 for c in pause.causes
             ]
         }
-        await tx.job_states.journal(job_id, "paused", pause.reason, now=now, detail=detail)
+        await tx.journal.append(job_id, "paused", pause.reason, now=now, detail=detail)
         return True
 
     async def _resume(self, tx: Transaction, job_id: uuid.UUID, reason: str, now: datetime) -> bool:
         if not await tx.job_states.resume_if_paused_by(job_id, PAUSE_PREFIX, now=now):
             return False
-        await tx.job_states.journal(
+        await tx.journal.append(
             job_id,
             "resumed",
             "backpressure cleared; was " + reason.removeprefix(PAUSE_PREFIX),

@@ -294,7 +294,7 @@ class ConcurrencyGate:
         ):
             return
         self._journaled[job_id] = now
-        await tx.job_states.journal(
+        await tx.journal.append(
             job_id,
             CONCURRENCY_WAIT,
             f"claim refused: {running} tasks running, max_concurrency {limit}",

@@ -231,7 +231,7 @@ class CronScheduler(DispatcherService):
         async with self.repo.transaction() as t:
             if not await t.sources.schedule_cron_if_unscheduled(job.job_id, first=first, now=now):
                 raise RaceLost
-            await t.job_states.journal(
+            await t.journal.append(
                 job.job_id,
                 "cron_scheduled",
                 f"cron {schedule.expression!r} ({schedule.timezone}): "
@@ -255,7 +255,7 @@ class CronScheduler(DispatcherService):
                 raise RaceLost
             paused, reason = await t.job_states.pause_state(job.job_id)
             if paused:
-                await t.job_states.journal(
+                await t.journal.append(
                     job.job_id,
                     "cron_skipped",
                     f"cron fire at {fire} skipped: paused by backpressure"
@@ -276,7 +276,7 @@ class CronScheduler(DispatcherService):
                 handicap_seconds=self.handicap(job.priority_tier),
             )
             await t.sources.record_cron_fire(job.job_id, fired_at=due.fire_at, now=now)
-            await t.job_states.journal(
+            await t.journal.append(
                 job.job_id,
                 "cron_fired",
                 f"cron fired for {fire}: task {created.task_id}{missed}",
@@ -293,7 +293,7 @@ class CronScheduler(DispatcherService):
                 job_id, expected=status, status=str(SourceStatus.DEAD), now=now
             ):
                 raise RaceLost
-            await t.job_states.journal(job_id, "cron_invalid", problem, now=now)
+            await t.journal.append(job_id, "cron_invalid", problem, now=now)
 
     async def _retire(
         self, job_id: uuid.UUID, next_fire: datetime, now: datetime, report: CronReport
@@ -301,7 +301,7 @@ class CronScheduler(DispatcherService):
         async with self.repo.transaction() as t:
             if not await t.sources.clear_cron_if_next_fire(job_id, expected=next_fire, now=now):
                 raise RaceLost
-            await t.job_states.journal(
+            await t.journal.append(
                 job_id,
                 "cron_retired",
                 "cron schedule stopped: job no longer live (its DAG version was superseded)",

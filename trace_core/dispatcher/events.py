@@ -21,27 +21,20 @@ operator) and a stale attempt are refused and change nothing.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
-
-import sqlalchemy as sa
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from trace_core.authoring.events import AcceptResult, DatasetEvent
 from trace_core.clock import Clock, SystemClock
 from trace_core.dispatcher.coverage import record_coverage
-from trace_core.dispatcher.redeliveries import count_redeliveries, deferred_payload
+from trace_core.dispatcher.redeliveries import deferred_payload
 from trace_core.errors import InvalidInput, InvalidTransition, StaleClaim
 from trace_core.model import TASKS
 from trace_core.outbox import write_outbox
-from trace_core.storage import schema
-from trace_core.storage.bulk import bulk_insert, id_block, records_param
+from trace_core.storage.ports.events import NewEvent
 from trace_core.storage.protocol import NewOutboxRow, Repository, Transaction, within
-from trace_core.storage.sql import SqlTransaction, as_sql
 from trace_core.storage.sql_errors import translate_errors
-from trace_core.storage.sql_leasing import reply_accepted
 
 __all__ = ["ROUTE_EVENT", "EventGateway", "Producer"]
 
@@ -92,15 +85,13 @@ class EventGateway:
         self, events: Sequence[DatasetEvent], producer: Producer | None, tx: Transaction | None
     ) -> AcceptResult:
         async with within(self.repo, tx) as t:
-            st = as_sql(t)
-            conn = st.connection
             now = self.clock.now()
             if producer is not None:
-                await _check_producer(conn, producer, events)
-            await _check_versions(conn, events)
-            ids, fresh, later = await _upsert_events(st, events, producer, now)
+                await _check_producer(t, producer, events)
+            await _check_versions(t, events)
+            ids, fresh, later = await _store_events(t, events, producer, now)
             first = {i: e for e, i in reversed(list(zip(events, ids, strict=True)))}
-            await record_coverage(st, [first[i] for i in fresh], now=now)
+            await record_coverage(t, [first[i] for i in fresh], now=now)
             ordered_new = [i for i in dict.fromkeys(ids) if i in fresh]
             rows = [
                 NewOutboxRow(
@@ -116,24 +107,14 @@ class EventGateway:
 
 
 async def _check_producer(
-    conn: AsyncConnection, producer: Producer, events: Sequence[DatasetEvent]
+    tx: Transaction, producer: Producer, events: Sequence[DatasetEvent]
 ) -> None:
-    t, j = schema.tasks, schema.jobs
-    # The same status test as a fenced completion (one rule for every reply).
-    replying = reply_accepted(TASKS).label("replying")
-    stmt = (
-        sa.select(t.c.status, t.c.attempt, replying, j.c.output_datasets)
-        .join(j, j.c.id == t.c.job_id)
-        .where(t.c.id == producer.task_id)
-    )
-    if conn.dialect.name == "postgresql":
-        # A claim of a newer attempt waits for this acceptance to commit (and
-        # vice versa), so "current attempt" is judged consistently.
-        stmt = stmt.with_for_update(read=True, of=t)
-    row = (await conn.execute(stmt)).one_or_none()
-    if row is None:
+    # Locked (Postgres): a claim of a newer attempt waits for this acceptance
+    # to commit (and vice versa), so "current attempt" is judged consistently.
+    found = await tx.events.lock_producer_attempt(producer.task_id)
+    if found is None:
         raise StaleClaim("tasks", producer.task_id, "no such task")
-    status, attempt, replying, outputs = row
+    status, attempt, replying = found.status, found.attempt, found.replying
     if attempt != producer.attempt:
         raise StaleClaim(
             "tasks",
@@ -148,20 +129,17 @@ async def _check_producer(
         raise StaleClaim(
             "tasks", producer.task_id, f"attempt {attempt} has ended ({status}): it emits nothing"
         )
-    produced = {str(o) for o in outputs or ()}
+    produced = set(found.output_datasets)
     for i, event in enumerate(events):
-        if str(event.dataset_uuid) not in produced:
+        if event.dataset_uuid not in produced:
             raise InvalidInput(
                 f"events[{i}].dataset_uuid",
                 f"dataset {event.dataset_uuid} is not an output of the producing task's job",
             )
 
 
-async def _check_versions(conn: AsyncConnection, events: Sequence[DatasetEvent]) -> None:
-    v = schema.dataset_versions
-    wanted = {e.dataset_version for e in events}
-    rows = await conn.execute(sa.select(v.c.id, v.c.dataset_uuid).where(v.c.id.in_(wanted)))
-    owner = {r[0]: r[1] for r in rows}
+async def _check_versions(tx: Transaction, events: Sequence[DatasetEvent]) -> None:
+    owner = await tx.events.datasets_of_versions({e.dataset_version for e in events})
     for i, event in enumerate(events):
         if event.dataset_version not in owner:
             raise InvalidInput(
@@ -174,104 +152,39 @@ async def _check_versions(conn: AsyncConnection, events: Sequence[DatasetEvent])
             )
 
 
-async def _upsert_events(
-    tx: SqlTransaction,
+async def _store_events(
+    tx: Transaction,
     events: Sequence[DatasetEvent],
     producer: Producer | None,
     now: datetime,
 ) -> tuple[list[uuid.UUID], set[uuid.UUID], dict[uuid.UUID, int]]:
     """Insert new events, count redeliveries; the id of each, the new ids and
     the redelivery counts left for the router (Postgres, events being routed)."""
-    e = schema.events
     unique: dict[tuple[uuid.UUID, str], DatasetEvent] = {}
     copies: dict[tuple[uuid.UUID, str], int] = {}
     for event in events:
         key = (event.dataset_version, event.unit_key)
         unique.setdefault(key, event)
         copies[key] = copies.get(key, 0) + 1
-    pg = tx.engine_name == "postgres"
-    text: dict[uuid.UUID | datetime, str] = {}
-
-    def value(v: uuid.UUID | datetime | None) -> Any:
-        # Postgres rows travel as JSON: format each distinct id and time once
-        if not pg or v is None:
-            return v
-        return text.get(v) or text.setdefault(
-            v, v.hex if isinstance(v, uuid.UUID) else v.isoformat()
-        )
-
-    block = id_block()  # time-ordered ids: appended to the primary key, not scattered
-    producer_id = value(None if producer is None else producer.task_id)
-    at = value(now)
-    rows = [
-        {
-            "id": f"{block}{n:08x}" if pg else uuid.UUID(f"{block}{n:08x}"),
-            "dataset_uuid": value(ev.dataset_uuid),
-            "dataset_version": value(ev.dataset_version),
-            "unit_key": ev.unit_key,
-            "cursor": None if ev.cursor is None else str(ev.cursor),
-            "partition_key": ev.partition_key,
-            "range_start": ev.start,
-            "range_end": ev.end,
-            "origin": "manual" if producer is None else "task",
-            "producer_task_id": producer_id,
-            "producer_attempt": None if producer is None else producer.attempt,
-            "received_at": at,
-            "last_received_at": at,
-            "deliveries": copies[(ev.dataset_version, ev.unit_key)],
-            "route_status": "pending",
-            "tasks_created": 0,
-            "tasks_existing": 0,
-        }
-        # In unique-key order, the order routing locks events in
-        # (``routing._pending``): accepts inserting the same new units wait
-        # for each other in one order instead of deadlocking.
-        for n, (_, ev) in enumerate(sorted(unique.items()))
-    ]
-    if pg:
-        return await _upsert_events_pg(tx, events, rows, copies, now)
-    insert = tx.insert(e)
-    stmt = insert.on_conflict_do_update(
-        index_elements=[e.c.dataset_version, e.c.unit_key],
-        set_={
-            "deliveries": e.c.deliveries + insert.excluded.deliveries,
-            "last_received_at": insert.excluded.last_received_at,
-        },
-    ).returning(e.c.id, e.c.dataset_version, e.c.unit_key, e.c.deliveries)
-    result = await tx.connection.execute(stmt, rows)
-    by_key: dict[tuple[uuid.UUID, str], uuid.UUID] = {}
-    fresh: set[uuid.UUID] = set()
-    for row_id, version, unit_key, deliveries in result.all():
-        by_key[(version, unit_key)] = row_id
-        # inserted now: its count is this request's copies; else it grew past them
-        if deliveries == copies[(version, unit_key)]:
-            fresh.add(row_id)
-    ids = [by_key[(ev.dataset_version, ev.unit_key)] for ev in events]
-    return ids, fresh, {}
-
-
-async def _upsert_events_pg(
-    tx: SqlTransaction,
-    events: Sequence[DatasetEvent],
-    rows: list[dict[str, Any]],
-    copies: Mapping[tuple[uuid.UUID, str], int],
-    now: datetime,
-) -> tuple[list[uuid.UUID], set[uuid.UUID], dict[uuid.UUID, int]]:
-    """Postgres: insert the new events; count redeliveries without waiting for
-    a routing that holds them (:mod:`~trace_core.dispatcher.redeliveries`)."""
-    e = schema.events
-    stmt = (
-        bulk_insert(e, list(rows[0]))
-        .on_conflict_do_nothing(index_elements=[e.c.dataset_version, e.c.unit_key])
-        .returning(e.c.id, e.c.dataset_version, e.c.unit_key)
+    stored = await tx.events.store_events(
+        [
+            NewEvent(
+                dataset_uuid=ev.dataset_uuid,
+                dataset_version=ev.dataset_version,
+                unit_key=ev.unit_key,
+                cursor=None if ev.cursor is None else str(ev.cursor),
+                partition_key=ev.partition_key,
+                start=ev.start,
+                end=ev.end,
+                copies=copies[key],
+            )
+            # In unique-key order, the order routing locks events in
+            # (``RoutingOps.lock_pending_events``): accepts inserting the same
+            # new units wait for each other in one order instead of deadlocking.
+            for key, ev in sorted(unique.items())
+        ],
+        producer=None if producer is None else (producer.task_id, producer.attempt),
+        now=now,
     )
-    result = await tx.connection.execute(stmt, {"rows": records_param(rows)})
-    by_key = {(version, unit_key): row_id for row_id, version, unit_key in result.all()}
-    fresh = set(by_key.values())
-    later: dict[uuid.UUID, int] = {}
-    stored = {key: n for key, n in copies.items() if key not in by_key}
-    if stored:
-        found, later = await count_redeliveries(tx.connection, stored, now)
-        by_key.update(found)
-    ids = [by_key[(ev.dataset_version, ev.unit_key)] for ev in events]
-    return ids, fresh, later
+    ids = [stored.ids[(ev.dataset_version, ev.unit_key)] for ev in events]
+    return ids, stored.fresh, stored.later

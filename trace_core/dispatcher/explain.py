@@ -20,7 +20,6 @@ from typing import Any
 from trace_core.dispatcher.journal import read_journal
 from trace_core.errors import NotFound
 from trace_core.storage.protocol import Repository
-from trace_core.storage.sql import as_sql
 
 __all__ = ["EventDecision", "Explanation", "explain_job"]
 
@@ -143,10 +142,7 @@ async def explain_job(
                     _decision(found.job_name, e.route_status, e.route_detail),
                 )
             )
-        # journal.read_journal (group events) still takes a connection; it
-        # becomes read_journal(tx, ...) when journal.py moves behind the port.
-        conn = as_sql(tx).connection
-        found.journal = [dict(e) for e in await read_journal(conn, found.job_id, limit=limit)]
+        found.journal = [dict(e) for e in await read_journal(tx, found.job_id, limit=limit)]
     found.reasons = _reasons(found)
     return found
 

@@ -12,16 +12,13 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-import sqlalchemy as sa
-from sqlalchemy.ext.asyncio import AsyncConnection
-
-from trace_core.storage import schema
+from trace_core.storage.protocol import Transaction
 
 __all__ = ["JournalEntry", "read_journal", "record"]
 
 
 async def record(
-    conn: AsyncConnection,
+    tx: Transaction,
     job_id: uuid.UUID,
     kind: str,
     message: str,
@@ -30,15 +27,7 @@ async def record(
     detail: Mapping[str, Any] | None = None,
 ) -> None:
     """Append one decision about ``job_id`` in the caller's transaction."""
-    await conn.execute(
-        sa.insert(schema.job_journal).values(
-            job_id=job_id,
-            at=now,
-            kind=kind,
-            message=message,
-            detail=dict(detail) if detail is not None else None,
-        )
-    )
+    await tx.journal.append(job_id, kind, message, now=now, detail=detail)
 
 
 class JournalEntry(dict[str, Any]):
@@ -46,14 +35,10 @@ class JournalEntry(dict[str, Any]):
 
 
 async def read_journal(
-    conn: AsyncConnection, job_id: uuid.UUID, *, limit: int = 50
+    tx: Transaction, job_id: uuid.UUID, *, limit: int = 50
 ) -> list[JournalEntry]:
     """The newest ``limit`` entries about ``job_id``, newest first."""
-    j = schema.job_journal
-    rows = await conn.execute(
-        sa.select(j.c.at, j.c.kind, j.c.message, j.c.detail)
-        .where(j.c.job_id == job_id)
-        .order_by(j.c.at.desc(), j.c.id.desc())
-        .limit(limit)
-    )
-    return [JournalEntry(row._mapping) for row in rows]
+    return [
+        JournalEntry(at=e.at, kind=e.kind, message=e.message, detail=e.detail)
+        for e in await tx.journal.newest(job_id, limit=limit)
+    ]

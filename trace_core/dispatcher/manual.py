@@ -85,7 +85,7 @@ class ManualTrigger:
             paused, _ = await t.job_states.pause_state(target.job_id)
             if paused:
                 reason = "paused by backpressure"
-                await t.job_states.journal(
+                await t.journal.append(
                     target.job_id,
                     "manual_refused",
                     f"manual trigger {key!r} refused: {reason}",
@@ -97,7 +97,7 @@ class ManualTrigger:
                 t, self.tasks, target, f"manual:{key}", now=now, inputs={"manual": {"key": key}}
             )
             if created.created:
-                await t.job_states.journal(
+                await t.journal.append(
                     target.job_id,
                     "manual_task",
                     f"manual trigger {key!r} created task {created.task_id}",

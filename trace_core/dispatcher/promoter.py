@@ -20,13 +20,10 @@ import logging
 import uuid
 from dataclasses import dataclass
 
-import sqlalchemy as sa
-
 from trace_core.clock import Clock
 from trace_core.dag import promote_if_caught_up
 from trace_core.dispatcher.periodic import DispatcherService, require_positive
-from trace_core.storage import schema
-from trace_core.storage.sql import SqlRepository
+from trace_core.storage.protocol import Repository
 
 __all__ = ["PromoterConfig", "VersionPromoter"]
 
@@ -49,14 +46,13 @@ class VersionPromoter(DispatcherService):
 
     def __init__(
         self,
-        repo: SqlRepository,
+        repo: Repository,
         *,
         clock: Clock | None = None,
         config: PromoterConfig | None = None,
     ) -> None:
         self.config = config or PromoterConfig()
         super().__init__(repo, self.config.interval_seconds, clock=clock)
-        self.repo: SqlRepository = repo
 
     async def run_once(self) -> list[uuid.UUID]:
         """Promote every caught-up ``building`` version; the ids now current.
@@ -64,17 +60,11 @@ class VersionPromoter(DispatcherService):
         A version another Dispatcher promoted since the scan is reported too
         (:func:`~trace_core.dag.promote_if_caught_up` says it is current).
         """
-        dv = schema.dag_versions
         async with self.repo.read() as tx:
-            building = (
-                await tx.connection.execute(
-                    sa.select(dv.c.id, dv.c.dag_name)
-                    .where(dv.c.status == "building")
-                    .order_by(dv.c.created_at, dv.c.id)
-                )
-            ).all()
+            building = await tx.deploy.building_versions()
         promoted: list[uuid.UUID] = []
-        for version_id, dag_name in building:
+        for version in building:
+            version_id, dag_name = version.version_id, version.dag_name
             try:
                 if not await promote_if_caught_up(self.repo, version_id, clock=self.clock):
                     continue

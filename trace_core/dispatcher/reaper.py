@@ -199,7 +199,7 @@ async def _timed_out(
 async def _journal_dead(
     tx: Transaction, job_id: uuid.UUID, fence: Fence, reason: str, now: datetime
 ) -> None:
-    await tx.job_states.journal(
+    await tx.journal.append(
         job_id,
         "task_dead",
         f"task {fence.item_id} failed terminally on attempt {fence.attempt}: {reason}",

@@ -24,65 +24,45 @@ of every routing decision is stored on the event row (``route_detail``) for
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from functools import cached_property
 from typing import Any
-
-import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from trace_core.clock import Clock, SystemClock
 from trace_core.dag.coverage import Coverage, covers, read_coverage
+from trace_core.dispatcher.periodic import Handicap, no_handicap
 from trace_core.dispatcher.redeliveries import REDELIVERIES, apply_redeliveries
 from trace_core.dispatcher.routing_sql import route_in_sql, set_based
 from trace_core.dispatcher.topology import (
     Dependent,
     InputEdge,
-    live_pointers,
     reactive_dependents,
     reactive_dependents_of,
 )
 from trace_core.outbox import Deferred
-from trace_core.storage import schema
-from trace_core.storage.bulk import bulk_insert, json_records, records_param, uuid_array
-from trace_core.storage.protocol import NewTask, Repository, TaskCreated
-from trace_core.storage.sql import SqlTransaction, as_sql
+from trace_core.storage.ports.routing import RouteOutcome, StoredEvent, TaskInput
+from trace_core.storage.protocol import NewTask, Repository, TaskCreated, Transaction
 from trace_core.tasks import TaskQueue
 
 __all__ = ["EventRouter", "RouteReport", "dedupe_key"]
 
 
-@dataclass(frozen=True)
-class _Event:
-    id: uuid.UUID
-    dataset_uuid: uuid.UUID
-    dataset_version: uuid.UUID
-    unit_key: str
-    cursor: str | None
-    partition_key: str | None
-    start: int | None
-    end: int | None
-    received_at: datetime
+def _own_key(event: StoredEvent) -> str:
+    """The dedupe key of an event's own unit (dataset, version, unit)."""
+    if event.partition_key is not None:
+        return f"partition:{event.dataset_uuid}:{event.dataset_version}:{event.partition_key}"
+    return f"cursor:{event.dataset_uuid}:{event.dataset_version}:{event.cursor}"
 
-    @cached_property
-    def own_key(self) -> str:
-        """The dedupe key of this event's own unit (dataset, version, unit)."""
-        if self.partition_key is not None:
-            return f"partition:{self.dataset_uuid}:{self.dataset_version}:{self.partition_key}"
-        return f"cursor:{self.dataset_uuid}:{self.dataset_version}:{self.cursor}"
 
-    @cached_property
-    def unit(self) -> dict[str, Any]:
-        """The unit of work as it appears in a task's input entry."""
-        if self.partition_key is not None:
-            unit: dict[str, Any] = {"partition_key": self.partition_key}
-            if self.start is not None:
-                unit["start"], unit["end"] = self.start, self.end
-            return unit
-        return {"cursor": self.cursor}
+def _unit(event: StoredEvent) -> dict[str, Any]:
+    """The unit of work as it appears in a task's input entry."""
+    if event.partition_key is not None:
+        unit: dict[str, Any] = {"partition_key": event.partition_key}
+        if event.start is not None:
+            unit["start"], unit["end"] = event.start, event.end
+        return unit
+    return {"cursor": event.cursor}
 
 
 @dataclass
@@ -99,11 +79,11 @@ class RouteReport:
     """Decisions postponed until the job's other inputs hold the partition."""
 
 
-def dedupe_key(job: Dependent, event: _Event) -> str:
+def dedupe_key(job: Dependent, event: StoredEvent) -> str:
     """The unit of work an event means for ``job`` (see the module docstring)."""
     if event.partition_key is not None and job.execution_strategy == "PerPartition":
         return job.partition_prefix + event.partition_key
-    return event.own_key
+    return _own_key(event)
 
 
 @dataclass
@@ -125,13 +105,13 @@ class EventRouter:
         *,
         clock: Clock | None = None,
         tasks: TaskQueue | None = None,
-        handicap: Callable[[str], float] | None = None,
+        handicap: Handicap | None = None,
         defer_seconds: float = 5.0,
     ) -> None:
         self.repo = repo
         self.clock = clock or SystemClock()
         self.tasks = tasks or TaskQueue(repo, clock=self.clock)
-        self.handicap = handicap or (lambda tier: 0.0)
+        self.handicap = handicap or no_handicap
         self.defer_seconds = defer_seconds
 
     async def handle(self, payload: Mapping[str, Any]) -> None:
@@ -139,7 +119,7 @@ class EventRouter:
         A payload of redelivery counts an accept left is applied instead."""
         if REDELIVERIES in payload:
             async with self.repo.transaction() as tx:
-                await apply_redeliveries(as_sql(tx).connection, payload)
+                await apply_redeliveries(tx, payload)
             return
         report = await self.route([uuid.UUID(str(i)) for i in payload["event_ids"]])
         if report.deferred:
@@ -149,21 +129,19 @@ class EventRouter:
         """Route the pending events among ``event_ids`` in one transaction."""
         report = RouteReport()
         async with self.repo.transaction() as tx:
-            st = as_sql(tx)
-            events = await _pending(st.connection, event_ids)
+            events = await tx.routing.lock_pending_events(event_ids)
             report.events = len(events)
             if not events:
                 return report
-            conn = st.connection
-            dependents = await reactive_dependents(st, {e.dataset_uuid for e in events})
-            paused = await _paused(conn)
-            live = await live_pointers(conn)
+            dependents = await reactive_dependents(tx, {e.dataset_uuid for e in events})
+            paused = set(await tx.job_states.paused_jobs())
+            live = await tx.deploy.live_dataset_versions()
             now = self.clock.now()
-            if st.engine_name == "postgres" and self._set_based(dependents, paused):
-                await self._route_in_sql(st, events, dependents, live, now, report)
+            if tx.routing.routes_in_one_statement and self._set_based(dependents, paused):
+                await self._route_in_sql(tx, events, dependents, live, now, report)
                 return report
-            plan = await self._plan(st, events, dependents, paused, report)
-            task_ids = await self._create(st, plan)
+            plan = await self._plan(tx, events, dependents, paused, report)
+            task_ids = await self._create(tx, plan)
             updates = []
             for event in events:
                 detail = plan.outcomes.get(event.id, {})
@@ -187,16 +165,16 @@ class EventRouter:
                     status = "not_current"
                     report.not_current += 1
                 updates.append(
-                    {
-                        "id": event.id,
-                        "route_status": status,
-                        "routed_at": now if status != "pending" else None,
-                        "tasks_created": made,
-                        "tasks_existing": existing,
-                        "route_detail": detail or None,
-                    }
+                    RouteOutcome(
+                        event.id,
+                        status,
+                        now if status != "pending" else None,
+                        made,
+                        existing,
+                        detail or None,
+                    )
                 )
-            await _update_events(st, updates)
+            await tx.routing.store_route_outcomes(updates)
         return report
 
     def _set_based(
@@ -217,8 +195,8 @@ class EventRouter:
 
     async def _route_in_sql(
         self,
-        st: SqlTransaction,
-        events: Sequence[_Event],
+        tx: Transaction,
+        events: Sequence[StoredEvent],
         dependents: Mapping[uuid.UUID, list[tuple[Dependent, InputEdge]]],
         live: set[uuid.UUID],
         now: datetime,
@@ -229,7 +207,7 @@ class EventRouter:
         report.routed = len(events) - report.not_current
         jobs = {job.job_id: job for deps in dependents.values() for job, _ in deps}
         done = await route_in_sql(
-            st,
+            tx,
             [e.id for e in events],
             not_current,
             [(job, self.handicap(job.priority_tier)) for job in jobs.values()],
@@ -253,20 +231,19 @@ class EventRouter:
         after: tuple[datetime, uuid.UUID] | None = None
         while True:
             async with self.repo.transaction() as tx:
-                st = as_sql(tx)
-                versions = await _input_versions_of(st, wanted)
-                events = await _history(st.connection, versions, after, batch)
+                versions = await _input_versions_of(tx, wanted)
+                events = await tx.routing.event_history(versions, after=after, limit=batch)
                 if not events:
                     return report
                 report.events += len(events)
-                found = await reactive_dependents(st, {e.dataset_uuid for e in events})
+                found = await reactive_dependents(tx, {e.dataset_uuid for e in events})
                 dependents = {
                     ds: [(job, edge) for job, edge in deps if job.job_id in wanted]
                     for ds, deps in found.items()
                 }
-                paused = await _paused(st.connection)
-                plan = await self._plan(st, events, dependents, paused, report)
-                task_ids = await self._create(st, plan)
+                paused = set(await tx.job_states.paused_jobs())
+                plan = await self._plan(tx, events, dependents, paused, report)
+                task_ids = await self._create(tx, plan)
             report.tasks_created += sum(1 for c in task_ids.values() if c.created)
             report.tasks_existing += sum(1 for c in task_ids.values() if not c.created)
             report.deferred += sum(1 for o in plan.outcomes.values() if "paused" in o.values())
@@ -274,30 +251,37 @@ class EventRouter:
 
     async def _plan(
         self,
-        st: SqlTransaction,
-        events: Sequence[_Event],
+        tx: Transaction,
+        events: Sequence[StoredEvent],
         dependents: Mapping[uuid.UUID, list[tuple[Dependent, InputEdge]]],
         paused: set[uuid.UUID],
         report: RouteReport,
     ) -> _Plan:
         # every input of every dependent: a PerPartition join checks the others
         inputs = {e.dataset_version for d in dependents.values() for j, _ in d for e in j.inputs}
-        coverage = await read_coverage(st, inputs)
+        coverage = await read_coverage(tx, inputs)
         plan = _Plan()
         for event in events:
             self._plan_event(event, dependents, paused, coverage, plan, report)
         return plan
 
-    async def _create(self, st: SqlTransaction, plan: _Plan) -> dict[Any, TaskCreated]:
+    async def _create(self, tx: Transaction, plan: _Plan) -> dict[Any, TaskCreated]:
         """Create the planned tasks (with their wake-ups) and their task_inputs rows."""
-        created = await self.tasks.create(list(plan.tasks.values()), tx=st)
+        created = await self.tasks.create(list(plan.tasks.values()), tx=tx)
         task_ids = dict(zip(plan.tasks, created, strict=True))
-        await _insert_task_inputs(st, plan, task_ids)
+        await tx.routing.insert_task_inputs_if_absent(
+            [
+                TaskInput(task_ids[key].task_id, dataset_uuid, unit, version)
+                for key, entries in plan.inputs.items()
+                if task_ids[key].created
+                for dataset_uuid, unit, version in entries
+            ]
+        )
         return task_ids
 
     def _plan_event(
         self,
-        event: _Event,
+        event: StoredEvent,
         dependents: Mapping[uuid.UUID, list[tuple[Dependent, InputEdge]]],
         paused: set[uuid.UUID],
         coverage: Mapping[uuid.UUID, Coverage],
@@ -332,7 +316,9 @@ class EventRouter:
             plan.inputs[task_key] = _task_input_rows(job, event)
 
 
-def _inputs_ready(job: Dependent, event: _Event, coverage: Mapping[uuid.UUID, Coverage]) -> bool:
+def _inputs_ready(
+    job: Dependent, event: StoredEvent, coverage: Mapping[uuid.UUID, Coverage]
+) -> bool:
     """For a PerPartition join: every other input already holds the range."""
     if job.execution_strategy != "PerPartition" or len(job.inputs) < 2:
         return True
@@ -347,158 +333,25 @@ def _inputs_ready(job: Dependent, event: _Event, coverage: Mapping[uuid.UUID, Co
     return True
 
 
-def _input_versions(job: Dependent, event: _Event) -> dict[str, Any]:
+def _input_versions(job: Dependent, event: StoredEvent) -> dict[str, Any]:
     """The task's pinned inputs: every edge's version and ``where`` filter, with
     the unit of work on the triggering edge (on every edge for PerPartition)."""
     every = job.execution_strategy == "PerPartition" and event.partition_key is not None
+    unit = _unit(event)
     inputs = [
-        {**edge.pinned, **event.unit}
-        if every or edge.dataset_uuid == event.dataset_uuid
-        else edge.pinned
+        {**edge.pinned, **unit} if every or edge.dataset_uuid == event.dataset_uuid else edge.pinned
         for edge in job.inputs
     ]
     return {"inputs": inputs, "trigger_event_id": str(event.id)}
 
 
-def _task_input_rows(job: Dependent, event: _Event) -> list[tuple[uuid.UUID, str, datetime]]:
+def _task_input_rows(job: Dependent, event: StoredEvent) -> list[tuple[uuid.UUID, str, datetime]]:
     unit = event.partition_key if event.partition_key is not None else f"cursor:{event.cursor}"
     if job.execution_strategy == "PerPartition" and event.partition_key is not None:
         return [(edge.dataset_uuid, unit, event.received_at) for edge in job.inputs]
     return [(event.dataset_uuid, unit, event.received_at)]
 
 
-def _select_events() -> sa.Select[Any]:
-    """The columns of :class:`_Event`, in its field order."""
-    e = schema.events
-    return sa.select(
-        e.c.id,
-        e.c.dataset_uuid,
-        e.c.dataset_version,
-        e.c.unit_key,
-        e.c.cursor,
-        e.c.partition_key,
-        e.c.range_start,
-        e.c.range_end,
-        e.c.received_at,
-    )
-
-
-async def _pending(conn: AsyncConnection, event_ids: Sequence[uuid.UUID]) -> list[_Event]:
-    e = schema.events
-    if conn.dialect.name == "postgresql":
-        # one array parameter, not hundreds of expanded IN parameters
-        ids = sa.cast(sa.bindparam("ids", uuid_array(event_ids)), postgresql.ARRAY(sa.Uuid()))
-        wanted = e.c.id == sa.func.any(ids)
-    else:
-        wanted = e.c.id.in_(list(event_ids))
-    query = _select_events().where(wanted, e.c.route_status == "pending")
-    if conn.dialect.name == "postgresql":
-        # Locked in unique-key order (bytewise, as Python sorts them), the one
-        # order every writer of event rows takes: accepts insert and count in
-        # it (skipping rows held here), and deferred counts wait in it.
-        query = query.order_by(e.c.dataset_version, e.c.unit_key.collate("C")).with_for_update()
-    events = [_Event(*row) for row in await conn.execute(query)]
-    return sorted(events, key=lambda ev: (ev.received_at, ev.id))
-
-
-async def _input_versions_of(st: SqlTransaction, job_ids: set[uuid.UUID]) -> set[uuid.UUID]:
-    deps = await reactive_dependents_of(st, job_ids)
+async def _input_versions_of(tx: Transaction, job_ids: set[uuid.UUID]) -> set[uuid.UUID]:
+    deps = await reactive_dependents_of(tx, job_ids)
     return {edge.dataset_version for job in deps for edge in job.inputs}
-
-
-async def _history(
-    conn: AsyncConnection,
-    versions: set[uuid.UUID],
-    after: tuple[datetime, uuid.UUID] | None,
-    limit: int,
-) -> list[_Event]:
-    """Stored events of ``versions`` in (received_at, id) order, after a keyset mark."""
-    if not versions:
-        return []
-    e = schema.events
-    stmt = _select_events().where(e.c.dataset_version.in_(versions))
-    if after is not None:
-        stmt = stmt.where(
-            sa.or_(
-                e.c.received_at > after[0],
-                sa.and_(e.c.received_at == after[0], e.c.id > after[1]),
-            )
-        )
-    rows = await conn.execute(stmt.order_by(e.c.received_at, e.c.id).limit(limit))
-    return [_Event(*row) for row in rows]
-
-
-async def _paused(conn: AsyncConnection) -> set[uuid.UUID]:
-    s = schema.job_states
-    rows = await conn.execute(sa.select(s.c.job_id).where(s.c.paused.is_(True)))
-    return {r[0] for r in rows}
-
-
-async def _insert_task_inputs(
-    st: SqlTransaction, plan: _Plan, task_ids: Mapping[Any, TaskCreated]
-) -> None:
-    rows: list[dict[str, Any]] = [
-        {
-            "task_id": task_ids[key].task_id,
-            "input_dataset_uuid": dataset_uuid,
-            "input_partition_key": unit,
-            "input_version": version,
-        }
-        for key, entries in plan.inputs.items()
-        if task_ids[key].created
-        for dataset_uuid, unit, version in entries
-    ]
-    if not rows:
-        return
-    ti = schema.task_inputs
-    if st.engine_name == "postgres":
-        text: dict[Any, str] = {}  # few distinct datasets and event times: format once
-        for row in rows:
-            row["task_id"] = row["task_id"].hex
-            for key in ("input_dataset_uuid", "input_version"):
-                value = row[key]
-                row[key] = text.get(value) or text.setdefault(value, _text(value))
-        stmt = bulk_insert(ti, list(rows[0])).on_conflict_do_nothing()
-        await st.connection.execute(stmt, {"rows": records_param(rows)})
-    else:
-        await st.connection.execute(st.insert(ti).on_conflict_do_nothing(), rows)
-
-
-def _text(value: uuid.UUID | datetime) -> str:
-    return value.hex if isinstance(value, uuid.UUID) else value.isoformat()
-
-
-_EVENT_OUTCOME = ("route_status", "routed_at", "tasks_created", "tasks_existing", "route_detail")
-
-
-async def _update_events(st: SqlTransaction, updates: list[dict[str, Any]]) -> None:
-    """Store each event's routing outcome (counts add up across deferrals)."""
-    e = schema.events
-    if st.engine_name == "postgres":
-        r = json_records([e.c.id, *[e.c[name] for name in _EVENT_OUTCOME]])
-        stmt = (
-            sa.update(e)
-            .where(e.c.id == r.c.id)
-            .values(
-                route_status=r.c.route_status,
-                routed_at=r.c.routed_at,
-                tasks_created=e.c.tasks_created + r.c.tasks_created,
-                tasks_existing=e.c.tasks_existing + r.c.tasks_existing,
-                route_detail=r.c.route_detail,
-            )
-        )
-        await st.connection.execute(stmt, {"rows": records_param(updates)})
-        return
-    # executemany binds may not reuse column names: prefix them
-    stmt = (
-        sa.update(e)
-        .where(e.c.id == sa.bindparam("b_id"))
-        .values(
-            route_status=sa.bindparam("b_route_status"),
-            routed_at=sa.bindparam("b_routed_at"),
-            tasks_created=e.c.tasks_created + sa.bindparam("b_tasks_created"),
-            tasks_existing=e.c.tasks_existing + sa.bindparam("b_tasks_existing"),
-            route_detail=sa.bindparam("b_route_detail", type_=e.c.route_detail.type),
-        )
-    )
-    await st.connection.execute(stmt, [{f"b_{k}": v for k, v in u.items()} for u in updates])

@@ -111,7 +111,7 @@ class IdleScaler(DispatcherService):
                 for job_id in by_job_id(up):
                     report.scaled_up.append(job_id)
                     n = active[job_id]
-                    await tx.job_states.journal(
+                    await tx.journal.append(
                         job_id,
                         "scale_up",
                         f"scale up: {n} queued or running task(s)",
@@ -124,7 +124,7 @@ class IdleScaler(DispatcherService):
                 if not await tx.job_states.mark_idle_if_unchanged(job_id, last_activity, now=now):
                     continue  # another scaler saw new work meanwhile
                 report.scaled_down.append(job_id)
-                await tx.job_states.journal(
+                await tx.journal.append(
                     job_id,
                     "scale_to_zero",
                     f"scale to zero: no queued or running task for {idle:g} s "

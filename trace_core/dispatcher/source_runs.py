@@ -142,7 +142,7 @@ async def create_source_task(
     )
     if created.created and bootstrap:
         deleted = await tx.sources.clear_operator_state(job.org_id, job.job_id)
-        await tx.job_states.journal(
+        await tx.journal.append(
             job.job_id,
             "bootstrap_reset",
             f"first task {created.task_id} resets the outputs; "

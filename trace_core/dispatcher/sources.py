@@ -185,7 +185,7 @@ class SourceSupervisor(DispatcherService):
             if not ok:
                 raise RaceLost
             kind, message = _describe(run, state, new)
-            await t.job_states.journal(
+            await t.journal.append(
                 job.job_id,
                 kind,
                 message,
@@ -219,7 +219,7 @@ class SourceSupervisor(DispatcherService):
             if not ok:
                 raise RaceLost
             after = f" after run {previous} stopped" if previous else ""
-            await t.job_states.journal(
+            await t.journal.append(
                 job.job_id,
                 "source_start",
                 f"source run {created.task_id} created{after}; waiting for a worker",
@@ -249,7 +249,7 @@ class SourceSupervisor(DispatcherService):
             if task_id is not None:
                 canceled = await self.tasks.leases.cancel([task_id], reason=reason, tx=t)
             message = reason + (f"; run {task_id} canceled" if canceled else "")
-            await t.job_states.journal(job_id, "source_retired", message, now=now)
+            await t.journal.append(job_id, "source_retired", message, now=now)
         report.retired.append(job_id)
         report.transitions.append((job_id, status, str(SourceStatus.STOPPED)))
 
@@ -275,7 +275,7 @@ class SourceSupervisor(DispatcherService):
                 if task_id is None:
                     continue  # changed since the scan
                 drained.append(job_id)
-                await tx.job_states.journal(
+                await tx.journal.append(
                     job_id,
                     "source_draining",
                     f"shutdown: source run {task_id} asked to stop",

@@ -13,17 +13,12 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-import sqlalchemy as sa
-from sqlalchemy.ext.asyncio import AsyncConnection
-
 from trace_core.dag import LiveJob, live_jobs
-from trace_core.storage import schema
 from trace_core.storage.protocol import Transaction
 
 __all__ = [
     "Dependent",
     "InputEdge",
-    "live_pointers",
     "reactive_dependents",
     "reactive_dependents_of",
 ]
@@ -102,15 +97,3 @@ async def reactive_dependents_of(tx: Transaction, job_ids: set[uuid.UUID]) -> li
         for job in await live_jobs(tx)
         if job.job_id in job_ids and job.activation == "reactive" and job.input_datasets
     ]
-
-
-async def live_pointers(conn: AsyncConnection) -> set[uuid.UUID]:
-    """Dataset versions pointed at by a current or building DAG version."""
-    p, v = schema.dag_version_datasets, schema.dag_versions
-    rows = await conn.execute(
-        sa.select(p.c.dataset_version)
-        .join(v, v.c.id == p.c.dag_version_id)
-        .where(v.c.status.in_(("current", "building")))
-        .distinct()
-    )
-    return {r[0] for r in rows}

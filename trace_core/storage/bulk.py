@@ -24,6 +24,9 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from trace_core.storage.ports.routing import Wakeup
+from trace_core.storage.protocol import NewOutboxRow
+
 __all__ = [
     "bulk_insert",
     "id_block",
@@ -31,6 +34,7 @@ __all__ = [
     "records_param",
     "unprepared",
     "uuid_array",
+    "wakeup_params",
     "wakeup_rows_sql",
 ]
 
@@ -147,3 +151,15 @@ FROM (SELECT {id_column}, (row_number() OVER (ORDER BY {id_column}) - 1) / :wake
       FROM {source}) AS woken
 WHERE CAST(:wake_kind AS text) IS NOT NULL
 GROUP BY chunk"""
+
+
+def wakeup_params(wakeup: Wakeup, now: datetime) -> dict[str, Any]:
+    """The parameters of :func:`wakeup_rows_sql`'s statement for ``wakeup`` at
+    ``now``: the one place both statements that create tasks and their
+    wake-ups (task creation, set-based routing) take them from."""
+    return {
+        "now": now,
+        "wake_kind": wakeup.outbox_kind,
+        "wake_chunk": wakeup.chunk,
+        "wake_attempts": NewOutboxRow.max_attempts,
+    }

@@ -20,11 +20,14 @@ from typing import Any, Literal, Protocol
 from trace_core.model import Fence, ItemState, Lease, QueueSpec
 from trace_core.storage.ports import DeployOps, LaunchOps, RegistryOps, SourceOps, TaskOps
 from trace_core.storage.ports.concurrency import ConcurrencyOps
+from trace_core.storage.ports.events import EventOps
 from trace_core.storage.ports.explain import ExplainOps
 from trace_core.storage.ports.job_states import JobStateOps
+from trace_core.storage.ports.journal import JournalOps
 from trace_core.storage.ports.operator_state import OperatorStateOps
 from trace_core.storage.ports.payload import PayloadOps
 from trace_core.storage.ports.reaper import ReaperOps
+from trace_core.storage.ports.routing import RoutingOps
 from trace_core.storage.ports.standalone import StandaloneOps
 from trace_core.storage.ports.status import StatusOps
 from trace_core.wakeup import Subscription
@@ -145,14 +148,13 @@ class Transaction(Protocol):
 
     @property
     def sources(self) -> SourceOps:
-        """Source runs, cron schedules and the source services' journal."""
+        """Source runs and cron schedules."""
         ...
 
     @property
     def launch(self) -> LaunchOps:
         """Which tasks a wake-up may start, with their job's runtime."""
-
-    ...
+        ...
 
     @property
     def operator_state(self) -> OperatorStateOps:
@@ -182,6 +184,22 @@ class Transaction(Protocol):
     @property
     def status(self) -> StatusOps:
         """What a DAG has done so far: its datasets, tasks and outbox backlog."""
+
+    ...
+
+    @property
+    def events(self) -> EventOps:
+        """Accepting events: event rows, redelivery counts, version progress."""
+        ...
+
+    @property
+    def routing(self) -> RoutingOps:
+        """Routing stored events: pending events, task inputs, route outcomes."""
+        ...
+
+    @property
+    def journal(self) -> JournalOps:
+        """The job journal: why a job did or did not run."""
         ...
 
     # --- the ownership protocol, one implementation for every queue ---------

@@ -19,7 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from trace_core.errors import ConfigurationError
 from trace_core.model import Fence, ItemState, Lease, QueueSpec
 from trace_core.storage import schema
-from trace_core.storage.bulk import bulk_insert, records_param, wakeup_rows_sql
+from trace_core.storage.bulk import bulk_insert, records_param, wakeup_params, wakeup_rows_sql
 from trace_core.storage.engine import SQLITE_BEGIN, EngineSettings, create_engine
 from trace_core.storage.protocol import (
     IdempotencyRecord,
@@ -32,8 +32,10 @@ from trace_core.storage.protocol import (
 from trace_core.storage.sql_concurrency import SqlConcurrencyOps
 from trace_core.storage.sql_deploy import SqlDeployOps
 from trace_core.storage.sql_errors import translate_errors
+from trace_core.storage.sql_events import SqlEventOps
 from trace_core.storage.sql_explain import SqlExplainOps
 from trace_core.storage.sql_job_states import SqlJobStateOps
+from trace_core.storage.sql_journal import SqlJournalOps
 from trace_core.storage.sql_launch import SqlLaunchOps
 from trace_core.storage.sql_leasing import (
     LeaseStatements,
@@ -45,6 +47,7 @@ from trace_core.storage.sql_operator_state import SqlOperatorStateOps
 from trace_core.storage.sql_payload import SqlPayloadOps
 from trace_core.storage.sql_reaper import SqlReaperOps
 from trace_core.storage.sql_registry import SqlRegistryOps
+from trace_core.storage.sql_routing import SqlRoutingOps
 from trace_core.storage.sql_sources import SqlSourceOps
 from trace_core.storage.sql_standalone import SqlStandaloneOps
 from trace_core.storage.sql_status import SqlStatusOps
@@ -172,7 +175,7 @@ class SqlTransaction:
 
     @functools.cached_property
     def sources(self) -> SqlSourceOps:
-        """Source runs, cron schedules, their journal (:mod:`~trace_core.storage.sql_sources`)."""
+        """Source runs and cron schedules (:mod:`~trace_core.storage.sql_sources`)."""
         return SqlSourceOps(self, self.job_states)
 
     @functools.cached_property
@@ -209,6 +212,21 @@ class SqlTransaction:
     def status(self) -> SqlStatusOps:
         """What a DAG has done so far (:mod:`~trace_core.storage.sql_status`)."""
         return SqlStatusOps(self)
+
+    @functools.cached_property
+    def events(self) -> SqlEventOps:
+        """Event rows and version progress (:mod:`~trace_core.storage.sql_events`)."""
+        return SqlEventOps(self)
+
+    @functools.cached_property
+    def routing(self) -> SqlRoutingOps:
+        """Routing reads and writes (:mod:`~trace_core.storage.sql_routing`)."""
+        return SqlRoutingOps(self)
+
+    @functools.cached_property
+    def journal(self) -> SqlJournalOps:
+        """The job journal (:mod:`~trace_core.storage.sql_journal`)."""
+        return SqlJournalOps(self)
 
     # --- ownership protocol -------------------------------------------------
 
@@ -527,12 +545,7 @@ class SqlTransaction:
         if wakeup is None:
             found = await self._fetch(_insert_tasks(tuple(rows[0])), params)
         else:
-            params |= {
-                "now": now,
-                "wake_kind": wakeup.outbox_kind,
-                "wake_chunk": wakeup.chunk,
-                "wake_attempts": NewOutboxRow.max_attempts,
-            }
+            params |= wakeup_params(wakeup, now)
             found = await self._fetch(_insert_and_wake(tuple(rows[0]), wakeup), params)
             self.channels.update(wakeup.channels)
             self.notified.update(wakeup.channels)

@@ -149,6 +149,18 @@ class SqlDeployOps(SqlArea):
         )
         return [row[0] for row in await self._rows("dag versions", stmt)]
 
+    async def building_versions(self) -> list[DagVersionRow]:
+        dv = schema.dag_versions
+        stmt = (
+            sa.select(dv.c.id, dv.c.org_id, dv.c.dag_name)
+            .where(dv.c.status == "building")
+            .order_by(dv.c.created_at, dv.c.id)
+        )
+        return [
+            DagVersionRow(row[0], row[1], str(row[2]), "building")
+            for row in await self._rows("building versions", stmt)
+        ]
+
     async def latest_superseded_version(self, org_id: uuid.UUID, dag_name: str) -> uuid.UUID | None:
         dv = schema.dag_versions
         stmt = (
@@ -275,6 +287,16 @@ class SqlDeployOps(SqlArea):
             .where(d.c.org_id == org_id, d.c.id.in_(list(dataset_uuids)))
         )
         return {row[0]: row[1] for row in await self._rows("producers' current pointers", stmt)}
+
+    async def live_dataset_versions(self) -> set[uuid.UUID]:
+        p, v = schema.dag_version_datasets, schema.dag_versions
+        stmt = (
+            sa.select(p.c.dataset_version)
+            .join(v, v.c.id == p.c.dag_version_id)
+            .where(v.c.status.in_(_LIVE))
+            .distinct()
+        )
+        return {row[0] for row in await self._rows("live dataset versions", stmt)}
 
     async def insert_pointers(
         self, version_id: uuid.UUID, pointers: Mapping[uuid.UUID, uuid.UUID]

@@ -82,24 +82,6 @@ class SqlJobStateOps(SqlArea):
         )
         return bool(await self._count("update job state", stmt))
 
-    async def journal(
-        self,
-        job_id: uuid.UUID,
-        kind: str,
-        message: str,
-        *,
-        now: datetime,
-        detail: Mapping[str, Any] | None = None,
-    ) -> None:
-        stmt = sa.insert(schema.job_journal).values(
-            job_id=job_id,
-            at=now,
-            kind=kind,
-            message=message,
-            detail=dict(detail) if detail is not None else None,
-        )
-        await self._run("journal", stmt)
-
     async def pause_state(self, job_id: uuid.UUID) -> tuple[bool, str | None]:
         s = schema.job_states
         rows = await self._rows(

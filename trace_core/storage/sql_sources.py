@@ -203,10 +203,3 @@ class SqlSourceOps(SqlArea):
         )
 
     # --- pauses and the journal -----------------------------------------------------
-
-    async def journaled_jobs(self, kind: str, job_ids: Collection[uuid.UUID]) -> set[uuid.UUID]:
-        if not job_ids:
-            return set()
-        j = schema.job_journal
-        stmt = sa.select(j.c.job_id).where(j.c.kind == kind, j.c.job_id.in_(list(job_ids)))
-        return {row[0] for row in await self._rows("journaled jobs", stmt)}

@@ -23,6 +23,14 @@ from trace_core.storage.ports.deploy import (
     NewDagVersion,
     Pointers,
 )
+from trace_core.storage.ports.events import (
+    EventKey,
+    EventOps,
+    NewEvent,
+    ProducerAttempt,
+    ProgressFold,
+    StoredEvents,
+)
 from trace_core.storage.ports.explain import (
     ExplainedJob,
     ExplainOps,
@@ -33,6 +41,10 @@ from trace_core.storage.ports.explain import (
 from trace_core.storage.ports.job_states import (
     JobStateOps,
     ScaleState,
+)
+from trace_core.storage.ports.journal import (
+    JournalOps,
+    JournalRecord,
 )
 from trace_core.storage.ports.launch import (
     LaunchOps,
@@ -58,6 +70,15 @@ from trace_core.storage.ports.registry import (
     RegisteredDataset,
     RegistryOps,
     VersionProgress,
+)
+from trace_core.storage.ports.routing import (
+    RouteOutcome,
+    RoutingOps,
+    SetRoute,
+    SingleInputJob,
+    StoredEvent,
+    TaskInput,
+    Wakeup,
 )
 from trace_core.storage.ports.sources import (
     CronState,
@@ -87,6 +108,8 @@ __all__ = [
     "DagVersionRef",
     "DagVersionRow",
     "DeployOps",
+    "EventKey",
+    "EventOps",
     "ExplainOps",
     "ExplainedJob",
     "FailedAttempt",
@@ -97,22 +120,31 @@ __all__ = [
     "JobRecord",
     "JobStateFlags",
     "JobStateOps",
+    "JournalOps",
+    "JournalRecord",
     "LaunchOps",
     "LiveVersion",
     "LiveVersionJob",
     "NewDagVersion",
     "NewDataset",
     "NewDatasetVersion",
+    "NewEvent",
     "OperatorStateKey",
     "OperatorStateOps",
     "PayloadOps",
     "Pointers",
+    "ProducerAttempt",
+    "ProgressFold",
     "QueuedTasks",
     "ReaperOps",
     "RegisteredDataset",
     "RegistryOps",
+    "RouteOutcome",
+    "RoutingOps",
     "RuntimeRoute",
     "ScaleState",
+    "SetRoute",
+    "SingleInputJob",
     "SourceOps",
     "SourceRun",
     "SourceState",
@@ -121,10 +153,14 @@ __all__ = [
     "StandaloneOps",
     "StartableTask",
     "StatusOps",
+    "StoredEvent",
+    "StoredEvents",
     "StoredState",
+    "TaskInput",
     "TaskListing",
     "TaskOps",
     "TimedOutAttempt",
     "VersionPointer",
     "VersionProgress",
+    "Wakeup",
 ]

@@ -155,6 +155,11 @@ class DeployOps(Protocol):
         """The DAG's versions in ``status``, in no particular order."""
         ...
 
+    async def building_versions(self) -> list[DagVersionRow]:
+        """Every ``building`` version of every DAG, oldest first (creation
+        time, then id)."""
+        ...
+
     async def latest_superseded_version(self, org_id: uuid.UUID, dag_name: str) -> uuid.UUID | None:
         """The DAG's superseded version activated last (creation time breaks
         ties; a never-activated one comes after any activated one)."""
@@ -222,6 +227,11 @@ class DeployOps(Protocol):
         """For each of ``dataset_uuids``: the dataset version its producer DAG's
         current version points at. Datasets whose producer has no current
         version, or whose current version does not point at them, are absent."""
+        ...
+
+    async def live_dataset_versions(self) -> set[uuid.UUID]:
+        """Dataset versions pointed at by a ``current`` or ``building`` DAG
+        version (each once)."""
         ...
 
     async def insert_pointers(

@@ -20,7 +20,7 @@ import uuid
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Protocol
 
 __all__ = ["JOB_STATE_FIELDS", "JobStateOps", "ScaleState", "by_job_id"]
 
@@ -92,19 +92,6 @@ class JobStateOps(Protocol):
         (``None``: the field is unset); whether it was set. Other rows and
         fields are left alone. A field outside :data:`JOB_STATE_FIELDS` is
         :class:`~trace_core.errors.InvalidInput` naming it."""
-        ...
-
-    async def journal(
-        self,
-        job_id: uuid.UUID,
-        kind: str,
-        message: str,
-        *,
-        now: datetime,
-        detail: Mapping[str, Any] | None = None,
-    ) -> None:
-        """Append one decision about the job (``kind``, ``message``, ``detail``)
-        to its journal at ``now``; earlier entries are left alone."""
         ...
 
     async def pause_state(self, job_id: uuid.UUID) -> tuple[bool, str | None]:

@@ -5,7 +5,7 @@ Reached as ``tx.sources`` on any :class:`~trace_core.storage.protocol.Transactio
 The source supervisor, the cron scheduler, the manual trigger and the
 backfiller decide what to do (:mod:`trace_core.dispatcher.sources` and
 siblings); this area reads and writes the ``job_states`` source and cron
-columns, the job's first-task bootstrap, and their ``job_journal`` entries.
+columns and the job's first-task bootstrap.
 
 Every ``job_states`` write creates the job's row first when it is missing and
 sets ``updated_at``; it also locks the row until commit (Postgres; SQLite
@@ -76,7 +76,7 @@ class CronState:
 
 
 class SourceOps(Protocol):
-    """Source runs, cron schedules and their journal, inside one transaction."""
+    """Source runs and cron schedules, inside one transaction."""
 
     # --- source jobs and their first task -------------------------------------
 
@@ -194,11 +194,4 @@ class SourceOps(Protocol):
     ) -> bool:
         """Clear the job's ``next_fire_at`` if it is still ``expected``. False,
         changing nothing, otherwise."""
-        ...
-
-    # --- the journal -----------------------------------------------------------------
-
-    async def journaled_jobs(self, kind: str, job_ids: Collection[uuid.UUID]) -> set[uuid.UUID]:
-        """Those of ``job_ids`` with at least one journal entry of ``kind``.
-        Empty for empty ``job_ids``."""
         ...

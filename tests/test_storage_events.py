@@ -1,0 +1,208 @@
+"""The events area of the port (``tx.events``), on both engines.
+
+Each test states one guarantee of :class:`trace_core.storage.ports.EventOps`
+as its docstring says it. The end-to-end behaviour (accepting, fencing,
+routing) is in test_routing.py and the API tests.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from tests.event_fixtures import World, make_world
+from trace_core.clock import ManualClock
+from trace_core.storage import schema
+from trace_core.storage.ports import NewEvent, ProducerAttempt, ProgressFold, VersionProgress
+from trace_core.storage.protocol import NewTask
+from trace_core.storage.sql import SqlRepository
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+async def world(repo: SqlRepository, clock: ManualClock) -> World:
+    return await make_world(repo, clock)
+
+
+def event(w: World, unit: str, copies: int = 1, version: str = "a1") -> NewEvent:
+    return NewEvent(
+        w.dataset, w.versions[version], f"cursor:{unit}", unit, None, None, None, copies
+    )
+
+
+async def stored(repo: SqlRepository, event_id: uuid.UUID) -> dict[str, Any]:
+    e = schema.events
+    async with repo.read() as tx:
+        row = (await tx.connection.execute(sa.select(e).where(e.c.id == event_id))).one()
+    return dict(row._mapping)
+
+
+async def test_the_producer_attempt_its_status_test_and_its_jobs_outputs(
+    repo: SqlRepository, clock: ManualClock, world: World
+) -> None:
+    async with repo.transaction() as tx:
+        [task] = await tx.create_tasks([NewTask(world.jobs["make"])], now=clock.now())
+        assert await tx.events.lock_producer_attempt(uuid.uuid4()) is None
+        queued = await tx.events.lock_producer_attempt(task.task_id)
+        t = schema.tasks
+        await tx.connection.execute(
+            sa.update(t).where(t.c.id == task.task_id).values(status="Running", attempt=2)
+        )
+        running = await tx.events.lock_producer_attempt(task.task_id)
+    assert queued == ProducerAttempt("Queued", 1, False, (world.dataset,))
+    assert running == ProducerAttempt("Running", 2, True, (world.dataset,))
+
+
+async def test_the_producer_row_stays_locked_until_the_transaction_ends(
+    repo: SqlRepository, clock: ManualClock, world: World, engine: str
+) -> None:
+    if engine != "postgres":
+        pytest.skip("SQLite serializes write transactions: there is no row lock to hold")
+    async with repo.transaction() as tx:
+        [task] = await tx.create_tasks([NewTask(world.jobs["make"])], now=clock.now())
+    t = schema.tasks
+    claim = sa.select(t.c.id).where(t.c.id == task.task_id).with_for_update(nowait=True)
+    async with repo.transaction() as holder:
+        await holder.events.lock_producer_attempt(task.task_id)
+        with pytest.raises(Exception, match="lock"):
+            async with repo.transaction() as other:
+                await other.connection.execute(claim)
+    async with repo.transaction() as other:  # released with the transaction
+        assert (await other.connection.execute(claim)).scalar_one() == task.task_id
+
+
+async def test_the_dataset_of_each_known_version(repo: SqlRepository, world: World) -> None:
+    unknown = uuid.uuid4()
+    async with repo.read() as tx:
+        found = await tx.events.datasets_of_versions([world.versions["a1"], unknown])
+        empty = await tx.events.datasets_of_versions([])
+    assert found == {world.versions["a1"]: world.dataset}
+    assert empty == {}
+
+
+async def test_new_events_are_stored_pending_with_their_copies_and_origin(
+    repo: SqlRepository, clock: ManualClock, world: World
+) -> None:
+    async with repo.transaction() as tx:
+        [task] = await tx.create_tasks([NewTask(world.jobs["make"])], now=clock.now())
+        manual = await tx.events.store_events([event(world, "1")], producer=None, now=clock.now())
+        by_task = await tx.events.store_events(
+            [event(world, "2", copies=3), event(world, "3")],
+            producer=(task.task_id, 1),
+            now=clock.now(),
+        )
+        empty = await tx.events.store_events([], producer=None, now=clock.now())
+    one = manual.ids[(world.versions["a1"], "cursor:1")]
+    two = by_task.ids[(world.versions["a1"], "cursor:2")]
+    three = by_task.ids[(world.versions["a1"], "cursor:3")]
+    assert manual.fresh == {one} and manual.later == {}
+    assert by_task.fresh == {two, three} and by_task.later == {}
+    assert two < three  # time-ordered ids, in the order given
+    assert empty.ids == {} and empty.fresh == set()
+    row = await stored(repo, one)
+    assert (row["origin"], row["producer_task_id"], row["deliveries"]) == ("manual", None, 1)
+    assert (row["route_status"], row["received_at"]) == ("pending", clock.now())
+    row = await stored(repo, two)
+    assert (row["origin"], row["producer_task_id"], row["producer_attempt"]) == (
+        "task",
+        task.task_id,
+        1,
+    )
+    assert (row["deliveries"], row["cursor"], row["unit_key"]) == (3, "2", "cursor:2")
+
+
+async def test_a_redelivery_only_counts(
+    repo: SqlRepository, clock: ManualClock, world: World
+) -> None:
+    async with repo.transaction() as tx:
+        first = await tx.events.store_events([event(world, "1")], producer=None, now=clock.now())
+    received = clock.now()
+    clock.advance(5)
+    async with repo.transaction() as tx:
+        again = await tx.events.store_events(
+            [event(world, "1", copies=2), event(world, "1", version="a2")],
+            producer=None,
+            now=clock.now(),
+        )
+    key = (world.versions["a1"], "cursor:1")
+    assert again.ids[key] == first.ids[key]
+    assert first.ids[key] not in again.fresh
+    assert again.fresh == {again.ids[(world.versions["a2"], "cursor:1")]}  # another version
+    row = await stored(repo, first.ids[key])
+    assert (row["deliveries"], row["received_at"]) == (3, received)
+    assert row["last_received_at"] == clock.now()
+
+
+async def test_a_redelivery_of_a_held_event_is_left_for_later_on_postgres(
+    repo: SqlRepository, clock: ManualClock, world: World, engine: str
+) -> None:
+    if engine != "postgres":
+        pytest.skip("SQLite serializes write transactions: no row is ever held by another")
+    async with repo.transaction() as tx:
+        first = await tx.events.store_events([event(world, "1")], producer=None, now=clock.now())
+    key = (world.versions["a1"], "cursor:1")
+    event_id = first.ids[key]
+    async with repo.transaction() as router:
+        await router.routing.lock_pending_events([event_id])
+        async with repo.transaction() as tx:  # does not wait for the router
+            again = await tx.events.store_events(
+                [event(world, "1", copies=2)], producer=None, now=clock.now()
+            )
+    assert again.ids == {key: event_id}
+    assert again.later == {event_id: 2}
+    assert (await stored(repo, event_id))["deliveries"] == 1  # not counted yet
+
+
+async def test_deferred_deliveries_add_up_and_keep_the_latest_time(
+    repo: SqlRepository, clock: ManualClock, world: World
+) -> None:
+    async with repo.transaction() as tx:
+        first = await tx.events.store_events(
+            [event(world, "1"), event(world, "2")], producer=None, now=clock.now()
+        )
+    one, two = (first.ids[(world.versions["a1"], f"cursor:{n}")] for n in (1, 2))
+    older = clock.now()
+    received = clock.advance(10)
+    async with repo.transaction() as tx:
+        await tx.events.apply_deferred_deliveries({one: 2, uuid.uuid4(): 5}, at=received)
+        await tx.events.apply_deferred_deliveries({one: 1}, at=older)  # an older count
+        await tx.events.apply_deferred_deliveries({}, at=clock.now())
+    row = await stored(repo, one)
+    assert (row["deliveries"], row["last_received_at"]) == (4, received)
+    assert (await stored(repo, two))["deliveries"] == 1  # left alone
+
+
+async def test_progress_is_created_then_merged(
+    repo: SqlRepository, clock: ManualClock, world: World
+) -> None:
+    a1, a2 = world.versions["a1"], world.versions["a2"]
+    async with repo.transaction() as tx:
+        await tx.events.advance_progress(
+            [
+                ProgressFold(a1, world.dataset, [(0, 9), (20, 29)], None, 2),
+                ProgressFold(a2, world.dataset, [], 7, 1),
+            ],
+            now=clock.now(),
+        )
+        await tx.events.advance_progress(
+            [ProgressFold(a1, world.dataset, [(10, 19), (40, 49)], 3, 2)], now=clock.now()
+        )
+        await tx.events.advance_progress(
+            [ProgressFold(a2, world.dataset, [], 5, 1)], now=clock.now()
+        )
+        await tx.events.advance_progress([], now=clock.now())
+    async with repo.read() as tx:
+        progress = await tx.registry.dataset_version_progress([a1, a2])
+        p = schema.dataset_version_progress
+        counts = dict(
+            (await tx.connection.execute(sa.select(p.c.dataset_version, p.c.events))).all()
+        )
+    assert progress == {
+        a1: VersionProgress(((0, 29), (40, 49)), 3),  # touching ranges joined
+        a2: VersionProgress((), 7),  # the higher cursor stays
+    }
+    assert counts == {a1: 4, a2: 2}

@@ -1,0 +1,228 @@
+"""The routing area of the port (``tx.routing``), on both engines.
+
+Each test states one guarantee of :class:`trace_core.storage.ports.RoutingOps`
+as its docstring says it. The router's decisions are in test_routing.py.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from tests.event_fixtures import World, make_world
+from trace_core.clock import ManualClock
+from trace_core.storage import schema
+from trace_core.storage.ports import (
+    NewEvent,
+    RouteOutcome,
+    SetRoute,
+    SingleInputJob,
+    StoredEvent,
+    TaskInput,
+)
+from trace_core.storage.protocol import NewTask, TaskWakeup
+from trace_core.storage.sql import SqlRepository
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+async def world(repo: SqlRepository, clock: ManualClock) -> World:
+    return await make_world(repo, clock)
+
+
+async def store(
+    repo: SqlRepository, clock: ManualClock, w: World, *units: str, version: str = "a1"
+) -> list[uuid.UUID]:
+    """Store one cursor event per unit, each received a second after the last."""
+    ids = []
+    for unit in units:
+        async with repo.transaction() as tx:
+            new = NewEvent(
+                w.dataset, w.versions[version], f"cursor:{unit}", unit, None, None, None, 1
+            )
+            done = await tx.events.store_events([new], producer=None, now=clock.now())
+        ids.append(done.ids[(w.versions[version], f"cursor:{unit}")])
+        clock.advance(1)
+    return ids
+
+
+async def event_row(repo: SqlRepository, event_id: uuid.UUID) -> dict[str, Any]:
+    e = schema.events
+    async with repo.read() as tx:
+        row = (await tx.connection.execute(sa.select(e).where(e.c.id == event_id))).one()
+    return dict(row._mapping)
+
+
+async def test_pending_events_oldest_first(
+    repo: SqlRepository, clock: ManualClock, world: World
+) -> None:
+    first, second, routed = await store(repo, clock, world, "1", "2", "3")
+    async with repo.transaction() as tx:
+        await tx.routing.store_route_outcomes(
+            [RouteOutcome(routed, "routed", clock.now(), 0, 0, None)]
+        )
+        found = await tx.routing.lock_pending_events([routed, second, uuid.uuid4(), first])
+        empty = await tx.routing.lock_pending_events([])
+    assert [e.id for e in found] == [first, second]
+    assert found[0] == StoredEvent(
+        first,
+        world.dataset,
+        world.versions["a1"],
+        "cursor:1",
+        "1",
+        None,
+        None,
+        None,
+        found[0].received_at,
+    )
+    assert found[0].received_at < found[1].received_at
+    assert empty == []
+
+
+async def test_pending_events_stay_locked_until_the_transaction_ends(
+    repo: SqlRepository, clock: ManualClock, world: World, engine: str
+) -> None:
+    if engine != "postgres":
+        pytest.skip("SQLite serializes write transactions: there is no row lock to hold")
+    (event_id,) = await store(repo, clock, world, "1")
+    e = schema.events
+    grab = sa.select(e.c.id).where(e.c.id == event_id).with_for_update(nowait=True)
+    async with repo.transaction() as router:
+        await router.routing.lock_pending_events([event_id])
+        with pytest.raises(Exception, match="lock"):
+            async with repo.transaction() as other:
+                await other.connection.execute(grab)
+    async with repo.transaction() as other:
+        assert (await other.connection.execute(grab)).scalar_one() == event_id
+
+
+async def test_history_in_receipt_order_after_a_mark(
+    repo: SqlRepository, clock: ManualClock, world: World
+) -> None:
+    a, b, c = await store(repo, clock, world, "1", "2", "3")
+    (other,) = await store(repo, clock, world, "1", version="a2")
+    async with repo.transaction() as tx:  # any status
+        await tx.routing.store_route_outcomes([RouteOutcome(b, "routed", clock.now(), 0, 0, None)])
+    async with repo.read() as tx:
+        everything = await tx.routing.event_history([world.versions["a1"]], after=None, limit=10)
+        page = await tx.routing.event_history([world.versions["a1"]], after=None, limit=2)
+        mark = (page[-1].received_at, page[-1].id)
+        rest = await tx.routing.event_history([world.versions["a1"]], after=mark, limit=10)
+        none = await tx.routing.event_history([], after=None, limit=10)
+    assert [e.id for e in everything] == [a, b, c]  # a2's event left out
+    assert other not in {e.id for e in everything}
+    assert [e.id for e in page] == [a, b]
+    assert [e.id for e in rest] == [c]
+    assert none == []
+
+
+async def test_task_inputs_are_inserted_once(
+    repo: SqlRepository, clock: ManualClock, world: World
+) -> None:
+    ti = schema.task_inputs
+    at = clock.now()
+    async with repo.transaction() as tx:
+        [task] = await tx.create_tasks([NewTask(world.jobs["read"])], now=at)
+        row = TaskInput(task.task_id, world.dataset, "cursor:1", at)
+        await tx.routing.insert_task_inputs_if_absent([row])
+        later = TaskInput(task.task_id, world.dataset, "cursor:1", clock.advance(5))
+        await tx.routing.insert_task_inputs_if_absent(
+            [later, TaskInput(task.task_id, world.dataset, "p7", at)]
+        )
+        await tx.routing.insert_task_inputs_if_absent([])
+        rows = (
+            await tx.connection.execute(
+                sa.select(ti.c.input_partition_key, ti.c.input_version).order_by(
+                    ti.c.input_partition_key
+                )
+            )
+        ).all()
+    assert [tuple(r) for r in rows] == [("cursor:1", at), ("p7", at)]  # the first one kept
+
+
+async def test_route_outcomes_replace_the_status_and_add_the_counts(
+    repo: SqlRepository, clock: ManualClock, world: World
+) -> None:
+    one, two = await store(repo, clock, world, "1", "2")
+    routed_at = clock.now()
+    async with repo.transaction() as tx:
+        await tx.routing.store_route_outcomes(
+            [RouteOutcome(one, "pending", None, 1, 0, {"read": "paused"})]
+        )
+        await tx.routing.store_route_outcomes(
+            [RouteOutcome(one, "routed", routed_at, 2, 1, {"read": "created"})]
+        )
+        await tx.routing.store_route_outcomes([])
+    row = await event_row(repo, one)
+    assert (row["route_status"], row["routed_at"]) == ("routed", routed_at)
+    assert (row["tasks_created"], row["tasks_existing"]) == (3, 1)
+    assert row["route_detail"] == {"read": "created"}
+    untouched = await event_row(repo, two)
+    assert (untouched["route_status"], untouched["tasks_created"]) == ("pending", 0)
+
+
+async def test_single_input_events_are_routed_in_one_statement_on_postgres(
+    repo: SqlRepository, clock: ManualClock, world: World, engine: str
+) -> None:
+    one, two = await store(repo, clock, world, "1", "2")
+    now = clock.now()
+    job = SingleInputJob(
+        world.jobs["read"],
+        "read",
+        world.versions["a1"],
+        {"dataset_uuid": str(world.dataset), "dataset_version": str(world.versions["a1"])}
+        | {"where": None},
+        3,
+        now,
+    )
+    wakeup = TaskWakeup("enqueue_task", ("tasks",))
+    async with repo.transaction() as tx:
+        if engine != "postgres":
+            # SQLite routes every batch through the generic planner.
+            assert not tx.routing.routes_in_one_statement
+            with pytest.raises(NotImplementedError):
+                await tx.routing.route_single_input_events([one], [], [job], now=now, wakeup=wakeup)
+            return
+        assert tx.routing.routes_in_one_statement
+        done = await tx.routing.route_single_input_events(
+            [one, two], [two], [job], now=now, wakeup=wakeup
+        )
+        again = await tx.routing.route_single_input_events([one], [], [job], now=now, wakeup=wakeup)
+    assert done == SetRoute(created=2, decisions=2)
+    assert again == SetRoute(created=0, decisions=1)  # the task exists: nothing new
+    t, ti, o = schema.tasks, schema.task_inputs, schema.outbox
+    async with repo.read() as tx:
+        tasks = (
+            await tx.connection.execute(
+                sa.select(t.c.dedupe_key, t.c.status, t.c.input_versions, t.c.max_attempts)
+                .where(t.c.job_id == world.jobs["read"])
+                .order_by(t.c.dedupe_key)
+            )
+        ).all()
+        inputs = (await tx.connection.execute(sa.select(sa.func.count()).select_from(ti))).scalar()
+        wakes = (
+            await tx.connection.execute(sa.select(o.c.payload).where(o.c.kind == "enqueue_task"))
+        ).all()
+    key = f"cursor:{world.dataset}:{world.versions['a1']}:1"
+    assert [r[0] for r in tasks] == [key, key[:-1] + "2"]
+    assert tasks[0][1:] == (
+        "Queued",
+        {"inputs": [dict(job.pinned) | {"cursor": "1"}], "trigger_event_id": str(one)},
+        3,
+    )
+    assert inputs == 2
+    assert [len(w[0]["task_ids"]) for w in wakes] == [2]
+    first, second = await event_row(repo, one), await event_row(repo, two)
+    assert (first["route_status"], first["tasks_created"], first["tasks_existing"]) == (
+        "routed",
+        1,
+        1,
+    )
+    assert second["route_status"] == "not_current"
+    assert first["route_detail"] == {"read": "existing"}
+    assert isinstance(first["routed_at"], datetime)
