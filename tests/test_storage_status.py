@@ -16,6 +16,7 @@ from trace_core.storage.ports import (
     NewDagVersion,
     NewDataset,
     NewDatasetVersion,
+    OutputVersion,
 )
 from trace_core.storage.protocol import NewOutboxRow, NewTask
 from trace_core.storage.sql import SqlRepository
@@ -172,3 +173,36 @@ async def test_open_outbox_count(repo: SqlRepository, clock: ManualClock) -> Non
         )
         await tx.connection.execute(sa.update(o).where(o.c.id == ids[1]).values(status="Done"))
         assert await tx.status.open_outbox_count() == before + 2
+
+
+async def test_output_version_is_the_pointed_version_of_an_output_only(
+    repo: SqlRepository, clock: ManualClock
+) -> None:
+    now, org, version = clock.now(), uuid.uuid4(), uuid.uuid4()
+    out = NewDataset(uuid.uuid4(), org, "out", "dag", "w", 0, now)
+    read = NewDataset(uuid.uuid4(), org, "in", "dag", "w", 1, now)
+    out_v = NewDatasetVersion(uuid.uuid4(), out.dataset_uuid, "h", 0, 9, "s3://b/out", now)
+    read_v = NewDatasetVersion(uuid.uuid4(), read.dataset_uuid, "h", 0, 9, "s3://b/in", now)
+    job = JobRecord(
+        uuid.uuid4(), org, "w", "dag", version, "reactive", "spark", "op", "c", "replace",
+        output_datasets=(out.dataset_uuid,),
+    )  # fmt: skip
+    async with repo.transaction() as tx:
+        await tx.registry.create_org_if_absent(org, "acme", now=now)
+        await tx.deploy.insert_version(NewDagVersion(version, org, "dag", "0", "", now))
+        await tx.registry.register_datasets_if_absent([out, read])
+        for v in (out_v, read_v):
+            await tx.registry.insert_dataset_version_if_absent(v)
+        await tx.deploy.insert_pointers(
+            version, {out.dataset_uuid: out_v.version_id, read.dataset_uuid: read_v.version_id}
+        )
+        await tx.deploy.insert_jobs([job], now=now)
+        [created] = await tx.create_tasks([NewTask(job.job_id, dedupe_key="k")], now=now)
+    task = created.task_id
+    async with repo.read() as tx:
+        found = await tx.status.output_version(task, out.dataset_uuid)
+        assert found == OutputVersion(org, out_v.version_id, "s3://b/out")
+        # pointed at by the DAG version, but not an output of the task's job
+        assert await tx.status.output_version(task, read.dataset_uuid) is None
+        assert await tx.status.output_version(uuid.uuid4(), out.dataset_uuid) is None
+        assert await tx.status.output_version(task, uuid.uuid4()) is None

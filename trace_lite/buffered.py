@@ -49,9 +49,9 @@ from trace_core.clock import Clock, SystemClock
 from trace_core.dispatcher.events import EventGateway
 from trace_core.dispatcher.periodic import PeriodicService, require_positive
 from trace_core.errors import ConfigurationError, InvalidInput
-from trace_core.storage import schema
 from trace_core.storage.column_types import UTCDateTime, Uuid
 from trace_core.storage.engine import create_engine
+from trace_core.storage.ports.status import OutputVersion
 from trace_core.storage.sql import SqlRepository
 from trace_core.storage.url import parse_database_url
 
@@ -276,13 +276,6 @@ class SinkReport:
     dead: int = 0
 
 
-@dataclass(frozen=True)
-class _Producer:
-    org_id: uuid.UUID
-    dataset_version: uuid.UUID
-    location: str
-
-
 @dataclass
 class _Pending:
     id: int
@@ -291,7 +284,7 @@ class _Pending:
     records: Any
     producer_task_id: uuid.UUID
     rows_written: int | None = None
-    producer: _Producer | None = field(default=None)
+    producer: OutputVersion | None = field(default=None)
 
 
 class BufferSink(PeriodicService):
@@ -314,7 +307,7 @@ class BufferSink(PeriodicService):
         self.clock = clock or SystemClock()
         self.gateway = gateway or EventGateway(state, clock=self.clock)
         self.schemas = {s.schema_hash: s for s in schemas}
-        self._producers: dict[tuple[uuid.UUID, uuid.UUID], _Producer | None] = {}
+        self._producers: dict[tuple[uuid.UUID, uuid.UUID], OutputVersion | None] = {}
 
     async def run_once(self) -> SinkReport:
         """Write pending batches, then emit the events of written ones."""
@@ -393,7 +386,7 @@ class BufferSink(PeriodicService):
         async with self.data.engine.begin() as conn:
             await conn.execute(sa.delete(buffer_batches).where(buffer_batches.c.id == batch.id))
 
-    async def _producer(self, task_id: uuid.UUID, dataset: uuid.UUID) -> _Producer:
+    async def _producer(self, task_id: uuid.UUID, dataset: uuid.UUID) -> OutputVersion:
         """The producing job's org and its DAG version's pointer to ``dataset``;
         :class:`InvalidInput` if the task does not produce ``dataset``."""
         key = (task_id, dataset)
@@ -404,25 +397,6 @@ class BufferSink(PeriodicService):
             raise InvalidInput("dataset_uuid", f"{dataset} is not an output of task {task_id}")
         return found
 
-    async def _lookup(self, task_id: uuid.UUID, dataset: uuid.UUID) -> _Producer | None:
-        t, j = schema.tasks, schema.jobs
-        p, v = schema.dag_version_datasets, schema.dataset_versions
-        async with self.state.engine.connect() as conn:
-            row = (
-                await conn.execute(
-                    sa.select(j.c.org_id, j.c.output_datasets, v.c.id, v.c.storage_location)
-                    .select_from(t)
-                    .join(j, j.c.id == t.c.job_id)
-                    .join(
-                        p,
-                        sa.and_(
-                            p.c.dag_version_id == j.c.dag_version_id, p.c.dataset_uuid == dataset
-                        ),
-                    )
-                    .join(v, v.c.id == p.c.dataset_version)
-                    .where(t.c.id == task_id)
-                )
-            ).first()
-        if row is None or str(dataset) not in {str(d) for d in row.output_datasets or ()}:
-            return None
-        return _Producer(row.org_id, row.id, row.storage_location)
+    async def _lookup(self, task_id: uuid.UUID, dataset: uuid.UUID) -> OutputVersion | None:
+        async with self.state.read() as tx:
+            return await tx.status.output_version(task_id, dataset)

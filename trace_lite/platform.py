@@ -133,6 +133,7 @@ class TraceLite:
         self._stack: contextlib.AsyncExitStack | None = None
         self._group: anyio.abc.TaskGroup | None = None
         self._dispatcher: Dispatcher | None = None
+        self._repo: SqlRepository | None = None
         self._parts: _Parts | None = None
 
     # --- the wired parts (available once started) ------------------------------
@@ -146,8 +147,10 @@ class TraceLite:
 
     @property
     def repo(self) -> SqlRepository:
-        """The state database repository."""
-        return self.dispatcher.repo
+        """The state database repository (raises before :meth:`start`)."""
+        if self._repo is None:
+            raise ConfigurationError("TraceLite is not started")
+        return self._repo
 
     @property
     def store(self) -> LocalObjectStore:
@@ -260,6 +263,7 @@ class TraceLite:
         )
         self._parts = _Parts(store, buffer, sink, data, spark, LocalKeyEncryption(kek), query)
         self._stack, self._group, self._dispatcher = stack, group, dispatcher
+        self._repo = repo
         log.info("trace-lite started: state %s, data dir %s", repo.url.render(), data_dir)
 
     async def stop(self) -> None:
@@ -282,7 +286,7 @@ class TraceLite:
             await self.sink.run_once()  # what the last tasks published
             group.cancel_scope.cancel()
         finally:
-            self._stack = self._group = self._dispatcher = None
+            self._stack = self._group = self._dispatcher = self._repo = None
             self._parts = None
             await stack.aclose()
 

@@ -52,7 +52,7 @@ from trace_core.dispatcher.sources import SourceConfig, SourceSupervisor
 from trace_core.identity import worker_id as default_worker_id
 from trace_core.outbox import OutboxRelay, RelayConfig
 from trace_core.ports import LambdaInvoker, WakeupQueue
-from trace_core.storage.sql import SqlRepository
+from trace_core.storage.protocol import Repository
 from trace_core.tasks import ENQUEUE_TASK, TaskQueue
 
 if TYPE_CHECKING:
@@ -88,7 +88,7 @@ class Dispatcher:
 
     def __init__(
         self,
-        repo: SqlRepository,
+        repo: Repository,
         *,
         operators: OperatorRegistry,
         clock: Clock | None = None,

@@ -395,6 +395,11 @@ class Repository(Protocol):
         while the consumer is busy; includes other processes where possible."""
         ...
 
+    async def ping(self) -> None:
+        """One round trip to the database, for readiness checks;
+        :class:`~trace_core.errors.DatabaseUnavailable` when it cannot be reached."""
+        ...
+
     async def close(self) -> None:
         """Release connections and listeners."""
         ...

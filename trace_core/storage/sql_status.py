@@ -7,7 +7,7 @@ import uuid
 import sqlalchemy as sa
 
 from trace_core.storage import schema
-from trace_core.storage.ports.status import DagDataset, TaskListing
+from trace_core.storage.ports.status import DagDataset, OutputVersion, TaskListing
 from trace_core.storage.sql_area import SqlArea
 
 __all__ = ["SqlStatusOps"]
@@ -140,3 +140,21 @@ class SqlStatusOps(SqlArea):
         )
         rows = await self._rows("find the task's org", stmt)
         return rows[0][0] if rows else None
+
+    async def output_version(self, task_id: uuid.UUID, dataset: uuid.UUID) -> OutputVersion | None:
+        t, j = schema.tasks, schema.jobs
+        p, v = schema.dag_version_datasets, schema.dataset_versions
+        stmt = (
+            sa.select(j.c.org_id, j.c.output_datasets, v.c.id, v.c.storage_location)
+            .select_from(t)
+            .join(j, j.c.id == t.c.job_id)
+            .join(p, sa.and_(p.c.dag_version_id == j.c.dag_version_id, p.c.dataset_uuid == dataset))
+            .join(v, v.c.id == p.c.dataset_version)
+            .where(t.c.id == task_id)
+        )
+        rows = await self._rows("output version", stmt)
+        # output_datasets is a JSON list of UUID strings on both engines.
+        if not rows or str(dataset) not in {str(d) for d in rows[0].output_datasets or ()}:
+            return None
+        row = rows[0]
+        return OutputVersion(row.org_id, row.id, str(row.storage_location))

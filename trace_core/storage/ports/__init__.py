@@ -93,6 +93,7 @@ from trace_core.storage.ports.standalone import (
 )
 from trace_core.storage.ports.status import (
     DagDataset,
+    OutputVersion,
     StatusOps,
     TaskListing,
 )
@@ -131,6 +132,7 @@ __all__ = [
     "NewEvent",
     "OperatorStateKey",
     "OperatorStateOps",
+    "OutputVersion",
     "PayloadOps",
     "Pointers",
     "ProducerAttempt",

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
-__all__ = ["DagDataset", "StatusOps", "TaskListing"]
+__all__ = ["DagDataset", "OutputVersion", "StatusOps", "TaskListing"]
 
 
 @dataclass(frozen=True)
@@ -31,6 +31,17 @@ class DagDataset:
     max_cursor: int | None
     events: int
     """Events stored for this dataset version."""
+
+
+@dataclass(frozen=True)
+class OutputVersion:
+    """The dataset version a task writes one of its outputs to."""
+
+    org_id: uuid.UUID
+    """The org of the task's job."""
+    dataset_version: uuid.UUID
+    location: str
+    """The version's storage location."""
 
 
 @dataclass(frozen=True)
@@ -85,4 +96,10 @@ class StatusOps(Protocol):
 
     async def org_of_task(self, task_id: uuid.UUID) -> uuid.UUID | None:
         """The org of ``task_id``'s job; ``None`` when the task does not exist."""
+        ...
+
+    async def output_version(self, task_id: uuid.UUID, dataset: uuid.UUID) -> OutputVersion | None:
+        """The version of ``dataset`` that the task's DAG version points at, if
+        ``dataset`` is one of the outputs of the task's job; ``None`` for an
+        unknown task, a dataset its job does not produce, or no pointer."""
         ...
