@@ -1,0 +1,368 @@
+"""trace_aws.kms against moto (in-process ``mock_aws``), and botocore's Stubber
+where moto does not behave like KMS.
+
+moto's known differences that matter here: it signs with real P-256 keys and
+returns real DER (so DER -> raw and verification are shown for real), but it
+ignores ``MessageType=DIGEST`` (it hashes the digest again) and never refuses
+a disabled or pending-deletion key. Those paths are tested with the Stubber.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import socket
+import uuid
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from botocore.config import Config
+from botocore.stub import Stubber
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from moto import mock_aws
+
+from trace_aws.kms import RAW_MESSAGE_LIMIT, KmsKey, KmsSigner, kms_client, kms_key_ring
+from trace_aws.kms_errors import KmsKeyUnusable, KmsRequestFailed, KmsUnavailable
+from trace_core.clock import ManualClock
+from trace_core.errors import ConfigurationError
+from trace_core.security import (
+    DatasetInput,
+    InvalidCapability,
+    JwksCache,
+    KeyRing,
+    KeyState,
+    RotationPolicy,
+    TokenIssuer,
+    TokenVerifier,
+    raw_to_der,
+)
+from trace_core.security.b64url import b64url_decode, b64url_encode
+
+if TYPE_CHECKING:
+    from mypy_boto3_kms import KMSClient
+
+pytestmark = pytest.mark.anyio
+
+REGION = "us-east-1"
+ISS, AUD = "trace-dispatcher", "trace-task"
+TTL = 600
+CACHE = 300.0
+POLICY = RotationPolicy(verifier_cache_seconds=CACHE, max_token_ttl_seconds=TTL, leeway_seconds=30)
+TASK = uuid.UUID("00000000-0000-0000-0000-00000000abcd")
+INPUT = DatasetInput(uuid.uuid4(), uuid.uuid4(), "s3://trace-data/t1/in/")
+OUT, SCRATCH = "s3://trace-data/t1/out/", "s3://trace-scratch/t1/task/"
+
+
+# --- shared AWS fixtures (a later session factors them out) -----------------
+
+
+@pytest.fixture
+def aws_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fake credentials and an explicit region: never real ones."""
+    for name, value in {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_SESSION_TOKEN": "testing",
+        "AWS_DEFAULT_REGION": REGION,
+    }.items():
+        monkeypatch.setenv(name, value)
+    for name in ("AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_KMS"):
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture
+def kms(aws_env: None) -> Iterator[KMSClient]:
+    """A KMS client inside moto's in-process mock."""
+    with mock_aws():
+        yield kms_client(REGION)
+
+
+def _signing_key(client: KMSClient, spec: str = "ECC_NIST_P256") -> str:
+    meta = client.create_key(KeyUsage="SIGN_VERIFY", KeySpec=spec)["KeyMetadata"]  # type: ignore[arg-type]
+    return meta["Arn"]
+
+
+def _calls(client: KMSClient) -> list[str]:
+    """Record the name of every KMS operation the client sends."""
+    seen: list[str] = []
+
+    def record(model: Any, **_: Any) -> None:
+        seen.append(model.name)
+
+    client.meta.events.register("before-call.kms", record)
+    return seen
+
+
+def _jwks_endpoint(ring: KeyRing) -> Any:
+    async def fetch() -> Mapping[str, Any]:
+        # Through JSON, as GET /internal/jwks/task serves it.
+        document: Mapping[str, Any] = json.loads(json.dumps(ring.jwks()))
+        return document
+
+    return fetch
+
+
+def _verifier(ring: KeyRing, clock: ManualClock) -> TokenVerifier:
+    cache = JwksCache(
+        _jwks_endpoint(ring), clock, min_refresh_interval_seconds=CACHE, max_age_seconds=CACHE
+    )
+    return TokenVerifier(cache, ISS, AUD, clock, leeway_seconds=30)
+
+
+def _header(token: str) -> dict[str, Any]:
+    return dict(json.loads(b64url_decode(token.split(".")[0])))
+
+
+# --- the signer -----------------------------------------------------------------
+
+
+async def test_kms_signed_tokens_verify_with_the_verifier_and_the_published_jwks(
+    kms: KMSClient,
+) -> None:
+    clock = ManualClock()
+    signer = KmsSigner.load(kms, _signing_key(kms))
+    ring = KeyRing(clock, POLICY)
+    ring.bootstrap(signer)
+    token = await TokenIssuer(ring, ISS, AUD, TTL, clock).issue(TASK, 2, [INPUT], OUT, SCRATCH)
+    assert (_header(token)["kid"], _header(token)["alg"]) == (signer.kid, "ES256")
+    claims = await _verifier(ring, clock).verify(token)
+    assert (claims.task_id, claims.attempt, claims.output_prefixes) == (TASK, 2, (OUT,))
+    assert ring.jwks() == {"keys": [signer.public_jwk()]}
+    # The JWK is KMS's key: the kid is the thumbprint of what GetPublicKey returns.
+    der = kms.get_public_key(KeyId=signer.key_arn)["PublicKey"]
+    assert (
+        signer.public_key().public_bytes(
+            serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+        == der
+    )
+
+
+async def test_the_der_kms_returns_becomes_raw_r_s_and_der_never_passes_as_a_jws(
+    kms: KMSClient,
+) -> None:
+    clock = ManualClock()
+    signer = KmsSigner.load(kms, _signing_key(kms))
+    message = b"header.payload"
+    der = kms.sign(
+        KeyId=signer.key_arn, Message=message, MessageType="RAW", SigningAlgorithm="ECDSA_SHA_256"
+    )["Signature"]
+    assert der[0] == 0x30 and len(der) != 64  # KMS (and moto) answer ASN.1 DER
+    raw = await signer.sign(message)
+    assert len(raw) == 64
+    signer.public_key().verify(raw_to_der(raw), message, ec.ECDSA(hashes.SHA256()))
+
+    ring = KeyRing(clock, POLICY)
+    ring.bootstrap(signer)
+    token = await TokenIssuer(ring, ISS, AUD, TTL, clock).issue(TASK, 1, [INPUT], OUT, SCRATCH)
+    signing_input = token.rsplit(".", 1)[0]
+    der_of_input = kms.sign(
+        KeyId=signer.key_arn,
+        Message=signing_input.encode(),
+        MessageType="RAW",
+        SigningAlgorithm="ECDSA_SHA_256",
+    )["Signature"]
+    with pytest.raises(InvalidCapability):
+        await _verifier(ring, clock).verify(f"{signing_input}.{b64url_encode(der_of_input)}")
+
+
+async def test_the_public_key_is_fetched_once_and_each_token_costs_one_sign_call(
+    kms: KMSClient,
+) -> None:
+    key = _signing_key(kms)
+    calls = _calls(kms)
+    signer = KmsSigner.load(kms, key)
+    ring = KeyRing(ManualClock(), POLICY)
+    ring.bootstrap(signer)
+    issuer = TokenIssuer(ring, ISS, AUD, TTL, ManualClock())
+    for attempt in range(1, 6):
+        await issuer.issue(TASK, attempt, [INPUT], OUT, SCRATCH)
+        ring.jwks()
+    assert calls == ["DescribeKey", "GetPublicKey"] + ["Sign"] * 5
+
+
+async def test_an_alias_is_resolved_once_so_moving_it_cannot_change_the_signing_key(
+    kms: KMSClient,
+) -> None:
+    first, second = _signing_key(kms), _signing_key(kms)
+    kms.create_alias(AliasName="alias/trace-signing", TargetKeyId=first)
+    signer = KmsSigner.load(kms, "alias/trace-signing")
+    assert signer.key_arn == first
+    kms.update_alias(AliasName="alias/trace-signing", TargetKeyId=second)
+    raw = await signer.sign(b"m")
+    signer.public_key().verify(raw_to_der(raw), b"m", ec.ECDSA(hashes.SHA256()))
+
+
+@pytest.mark.parametrize(
+    ("usage", "spec", "match"),
+    [
+        ("SIGN_VERIFY", "ECC_NIST_P384", "key spec ECC_NIST_P384"),
+        ("SIGN_VERIFY", "RSA_2048", "key spec RSA_2048"),
+        ("SIGN_VERIFY", "ECC_SECG_P256K1", "key spec ECC_SECG_P256K1"),
+    ],
+)
+def test_a_key_that_cannot_do_es256_is_refused_at_load(
+    kms: KMSClient, usage: str, spec: str, match: str
+) -> None:
+    arn = kms.create_key(KeyUsage=usage, KeySpec=spec)["KeyMetadata"]["Arn"]  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match=match) as caught:
+        KmsSigner.load(kms, arn)
+    assert arn in str(caught.value)
+
+
+def test_a_missing_key_is_a_clear_error_naming_the_operation_and_key(kms: KMSClient) -> None:
+    missing = str(uuid.uuid4())
+    with pytest.raises(KmsKeyUnusable, match=f"DescribeKey refused by key {missing} .NotFound"):
+        KmsSigner.load(kms, missing)
+    with pytest.raises(ConfigurationError, match="region"):
+        kms_client("")
+
+
+def test_a_disabled_key_is_refused_at_load(kms: KMSClient) -> None:
+    # moto records the key state (DescribeKey) though its Sign ignores it.
+    arn = _signing_key(kms)
+    kms.disable_key(KeyId=arn.rsplit("/", 1)[1])  # moto's DisableKey takes the bare id only
+    with pytest.raises(
+        KmsKeyUnusable, match=f"DescribeKey refused by key {arn} .KeyState Disabled"
+    ):
+        KmsSigner.load(kms, arn)
+
+
+async def test_rotation_publishes_the_new_kms_key_before_it_signs(kms: KMSClient) -> None:
+    clock = ManualClock()
+    old = KmsSigner.load(kms, _signing_key(kms))
+    new = KmsSigner.load(kms, _signing_key(kms))
+    ring = KeyRing(clock, POLICY)
+    bootstrap = ring.bootstrap(old)
+    issuer = TokenIssuer(ring, ISS, AUD, TTL, clock)
+    verifier = _verifier(ring, clock)
+    await verifier.verify(await issuer.issue(TASK, 1, [INPUT], OUT, SCRATCH))  # caches {old}
+    clock.advance(100)
+    schedule = ring.rotate(new)
+    assert [k["kid"] for k in ring.jwks()["keys"]] == [old.kid, new.kid]  # published now
+    assert ring.state(new.kid) is KeyState.PUBLISHED
+    clock.advance(CACHE - 1)
+    last_old = await issuer.issue(TASK, 1, [INPUT], OUT, SCRATCH)
+    assert _header(last_old)["kid"] == old.kid  # the new key does not sign yet
+    clock.advance(1)
+    first_new = await issuer.issue(TASK, 1, [INPUT], OUT, SCRATCH)
+    assert _header(first_new)["kid"] == new.kid
+    await verifier.verify(first_new)
+    await verifier.verify(last_old)  # the retiring key still verifies its tokens
+
+    # Another replica rebuilds the same ring from the recorded schedules.
+    replica = kms_key_ring(
+        kms,
+        [
+            KmsKey(
+                old.key_arn,
+                bootstrap.published_at,
+                bootstrap.activated_at,
+                schedule.activated_at,
+                bootstrap=True,
+            ),
+            KmsKey(new.key_arn, schedule.published_at, schedule.activated_at),
+        ],
+        clock,
+        POLICY,
+    )
+    assert replica.jwks() == ring.jwks()
+    assert replica.active_signer().kid == new.kid
+    await verifier.verify(
+        await TokenIssuer(replica, ISS, AUD, TTL, clock).issue(TASK, 3, [INPUT], OUT, SCRATCH)
+    )
+    with pytest.raises(ConfigurationError, match="both be active"):
+        kms_key_ring(
+            kms,
+            [
+                KmsKey(old.key_arn, bootstrap.published_at, bootstrap.activated_at, bootstrap=True),
+                KmsKey(new.key_arn, schedule.published_at, schedule.activated_at),
+            ],
+            clock,
+            POLICY,
+        )
+
+
+# --- what moto does not do: the Stubber --------------------------------------------
+
+
+@pytest.fixture
+def stubbed(aws_env: None) -> Iterator[tuple[KmsSigner, Stubber, ec.EllipticCurvePrivateKey]]:
+    """A signer over a botocore Stubber (no moto): the private key stands in for KMS."""
+    client = kms_client(REGION)
+    private = ec.generate_private_key(ec.SECP256R1())
+    arn = "arn:aws:kms:us-east-1:123456789012:key/11111111-2222-3333-4444-555555555555"
+    signer = KmsSigner(client, arn, private.public_key())
+    with Stubber(client) as stub:
+        yield signer, stub, private
+        stub.assert_no_pending_responses()
+
+
+async def test_a_signing_input_past_the_raw_limit_is_sent_as_its_digest(
+    stubbed: tuple[KmsSigner, Stubber, ec.EllipticCurvePrivateKey],
+) -> None:
+    # moto ignores MessageType=DIGEST (it would hash the digest again): Stubber.
+    signer, stub, private = stubbed
+    message = b"x" * (RAW_MESSAGE_LIMIT + 1)
+    der = private.sign(message, ec.ECDSA(hashes.SHA256()))
+    stub.add_response(
+        "sign",
+        {"KeyId": signer.key_arn, "Signature": der, "SigningAlgorithm": "ECDSA_SHA_256"},
+        {
+            "KeyId": signer.key_arn,
+            "Message": hashlib.sha256(message).digest(),
+            "MessageType": "DIGEST",
+            "SigningAlgorithm": "ECDSA_SHA_256",
+        },
+    )
+    raw = await signer.sign(message)
+    signer.public_key().verify(raw_to_der(raw), message, ec.ECDSA(hashes.SHA256()))
+
+
+@pytest.mark.parametrize(
+    ("code", "status", "error"),
+    [
+        # moto never refuses a disabled or pending-deletion key: Stubber.
+        ("DisabledException", 400, KmsKeyUnusable),
+        ("KMSInvalidStateException", 400, KmsKeyUnusable),
+        ("AccessDeniedException", 400, KmsKeyUnusable),
+        ("ThrottlingException", 400, KmsUnavailable),
+        ("KMSInternalException", 500, KmsUnavailable),
+        ("ValidationException", 400, KmsRequestFailed),
+    ],
+)
+async def test_kms_refusals_become_trace_errors_without_the_aws_message(
+    stubbed: tuple[KmsSigner, Stubber, ec.EllipticCurvePrivateKey],
+    code: str,
+    status: int,
+    error: type[Exception],
+) -> None:
+    signer, stub, _ = stubbed
+    stub.add_client_error(
+        "sign", service_error_code=code, service_message="echo: sekrit", http_status_code=status
+    )
+    with pytest.raises(error) as caught:
+        await signer.sign(b"header.payload")
+    text = str(caught.value)
+    assert "KMS Sign" in text and signer.key_arn in text and code in text
+    assert "sekrit" not in text and caught.value.__cause__ is None
+
+
+async def test_an_unreachable_endpoint_is_transient(aws_env: None) -> None:
+    with socket.socket() as probe:  # a loopback port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    client = kms_client(
+        REGION,
+        f"http://127.0.0.1:{port}",
+        config=Config(connect_timeout=1, retries={"total_max_attempts": 1}),
+    )
+    signer = KmsSigner(
+        client,
+        "arn:aws:kms:us-east-1:1:key/x",
+        ec.generate_private_key(ec.SECP256R1()).public_key(),
+    )
+    with pytest.raises(KmsUnavailable, match="KMS Sign on key arn:aws:kms:us-east-1:1:key/x"):
+        await signer.sign(b"m")
