@@ -24,9 +24,10 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from moto import mock_aws
 
 from trace_aws.kms import RAW_MESSAGE_LIMIT, KmsKey, KmsSigner, kms_client, kms_key_ring
+from trace_aws.kms_envelope import Envelope, KmsKeyEncryption
 from trace_aws.kms_errors import KmsKeyUnusable, KmsRequestFailed, KmsUnavailable
 from trace_core.clock import ManualClock
-from trace_core.errors import ConfigurationError
+from trace_core.errors import ConfigurationError, InvalidInput
 from trace_core.security import (
     DatasetInput,
     InvalidCapability,
@@ -366,3 +367,142 @@ async def test_an_unreachable_endpoint_is_transient(aws_env: None) -> None:
     )
     with pytest.raises(KmsUnavailable, match="KMS Sign on key arn:aws:kms:us-east-1:1:key/x"):
         await signer.sign(b"m")
+
+
+# --- key encryption ------------------------------------------------------------
+
+
+def _encryption_key(client: KMSClient) -> str:
+    return client.create_key(KeyUsage="ENCRYPT_DECRYPT")["KeyMetadata"]["Arn"]
+
+
+CTX = "org:1/credential:warehouse"
+
+
+def test_envelopes_open_only_under_their_key_and_context(kms: KMSClient) -> None:
+    key = _encryption_key(kms)
+    kek = KmsKeyEncryption.load(kms, key)
+    sealed = kek.seal(b"db password", CTX)
+    assert kek.open(sealed, CTX) == b"db password"
+    assert KmsKeyEncryption.key_of(sealed) == key  # the wrapped key names its KMS key
+    assert b"db password" not in sealed.ciphertext + sealed.wrapped_key
+    assert "db password" not in repr(sealed) and "<redacted>" not in repr(kek)
+    again = kek.seal(b"db password", CTX)
+    assert again.ciphertext != sealed.ciphertext and again.wrapped_key != sealed.wrapped_key
+    other = kek.seal(b"other", "org:2/credential:warehouse")
+    for envelope, context in (
+        (sealed, "org:2/credential:warehouse"),  # moved to another record
+        (Envelope(other.wrapped_key, sealed.ciphertext), CTX),  # blob A presented as blob B
+        (Envelope(sealed.wrapped_key, other.ciphertext), "org:2/credential:warehouse"),
+    ):
+        with pytest.raises(InvalidInput, match="envelope: does not open"):
+            kek.open(envelope, context)
+    with pytest.raises(InvalidInput, match="context"):
+        kek.seal(b"x", "")
+
+
+def test_any_byte_flip_or_truncation_fails(kms: KMSClient) -> None:
+    kek = KmsKeyEncryption.load(kms, _encryption_key(kms))
+    sealed = kek.seal(b"secret", CTX)
+    arn_end = 3 + len(kek.key_arn)
+    tampered = []
+    # Every byte of the ciphertext; of the wrapped key the version, an ARN byte
+    # (names a key not configured) and the KMS blob past moto's own key id
+    # (moto answers AccessDenied for a blob naming another key, where KMS
+    # answers InvalidCiphertext or IncorrectKey).
+    moto_key_id = 36
+    for i in range(len(sealed.ciphertext)):
+        flipped = bytearray(sealed.ciphertext)
+        flipped[i] ^= 0x01
+        tampered.append(Envelope(sealed.wrapped_key, bytes(flipped)))
+    blob = range(arn_end + moto_key_id, len(sealed.wrapped_key), 3)
+    for i in [0, arn_end - 1, *blob, len(sealed.wrapped_key) - 1]:
+        flipped = bytearray(sealed.wrapped_key)
+        flipped[i] ^= 0x01
+        tampered.append(Envelope(bytes(flipped), sealed.ciphertext))
+    tampered += [
+        Envelope(sealed.wrapped_key, sealed.ciphertext[:-1]),
+        Envelope(sealed.wrapped_key, b""),
+        Envelope(sealed.wrapped_key[:-1], sealed.ciphertext),
+        Envelope(sealed.wrapped_key[:arn_end], sealed.ciphertext),
+        Envelope(b"", sealed.ciphertext),
+    ]
+    for envelope in tampered:
+        with pytest.raises(InvalidInput, match="envelope"):
+            kek.open(envelope, CTX)
+
+
+def test_rotation_old_envelopes_open_until_rewrapped_then_the_old_key_can_go(
+    kms: KMSClient,
+) -> None:
+    old_key, new_key = _encryption_key(kms), _encryption_key(kms)
+    before = KmsKeyEncryption.load(kms, old_key).seal(b"v1", CTX)
+    rotated = KmsKeyEncryption.load(kms, new_key, previous_key_ids=[old_key])
+    assert rotated.open(before, CTX) == b"v1"  # old blobs decrypt after rotation
+    fresh = rotated.seal(b"v2", CTX)
+    assert KmsKeyEncryption.key_of(fresh) == new_key  # new writes use the current key
+    moved = rotated.rewrap(before, CTX)
+    assert KmsKeyEncryption.key_of(moved) == new_key and moved.ciphertext == before.ciphertext
+    assert rotated.rewrap(moved, CTX) is moved
+    with pytest.raises(InvalidInput, match="envelope: does not open"):
+        rotated.rewrap(before, "org:2/credential:warehouse")
+
+    only_new = KmsKeyEncryption.load(kms, new_key)  # the old key dropped after the re-wrap job
+    assert only_new.open(moved, CTX) == b"v1" and only_new.open(fresh, CTX) == b"v2"
+    with pytest.raises(InvalidInput, match=f"sealed under KMS key {old_key}, not configured"):
+        only_new.open(before, CTX)  # unknown kek id fails
+    # An ARN in the header swapped for a configured key's: KMS refuses the blob.
+    swapped = Envelope(moved.wrapped_key.replace(new_key.encode(), old_key.encode()), b"x" * 40)
+    with pytest.raises((InvalidInput, KmsKeyUnusable)):
+        rotated.open(swapped, CTX)
+
+
+async def test_the_async_twins_run_off_the_event_loop(kms: KMSClient) -> None:
+    kek = KmsKeyEncryption.load(kms, _encryption_key(kms))
+    sealed = await kek.aseal(b"secret", CTX)
+    assert await kek.aopen(sealed, CTX) == b"secret"
+    assert await kek.arewrap(sealed, CTX) is sealed
+
+
+def test_only_an_enabled_symmetric_key_seals(kms: KMSClient) -> None:
+    signing = _signing_key(kms)
+    with pytest.raises(ConfigurationError, match=f"KMS key {signing} must be a SYMMETRIC_DEFAULT"):
+        KmsKeyEncryption.load(kms, signing)
+    key = _encryption_key(kms)
+    kms.disable_key(KeyId=key.rsplit("/", 1)[1])  # moto's DisableKey takes the bare id only
+    with pytest.raises(KmsKeyUnusable, match="KeyState Disabled"):
+        KmsKeyEncryption.load(kms, key, previous_key_ids=[])
+    with pytest.raises(KmsKeyUnusable, match="KeyState Disabled"):
+        KmsKeyEncryption.load(kms, _encryption_key(kms), previous_key_ids=[key])
+
+
+@pytest.mark.parametrize(
+    ("operation", "code", "error"),
+    [
+        # moto decrypts under a disabled or pending-deletion key: Stubber.
+        ("decrypt", "DisabledException", KmsKeyUnusable),
+        ("decrypt", "KMSInvalidStateException", KmsKeyUnusable),
+        ("decrypt", "ThrottlingException", KmsUnavailable),
+        ("decrypt", "IncorrectKeyException", InvalidInput),
+        ("generate_data_key", "DisabledException", KmsKeyUnusable),
+        ("generate_data_key", "ThrottlingException", KmsUnavailable),
+    ],
+)
+def test_kms_refusals_of_key_encryption_become_trace_errors(
+    aws_env: None, operation: str, code: str, error: type[Exception]
+) -> None:
+    client = kms_client(REGION)
+    arn = "arn:aws:kms:us-east-1:123456789012:key/22222222-2222-3333-4444-555555555555"
+    kek = KmsKeyEncryption(client, arn)
+    envelope = Envelope(b"\x01" + len(arn).to_bytes(2, "big") + arn.encode() + b"blob", b"c" * 40)
+    with Stubber(client) as stub:
+        stub.add_client_error(operation, service_error_code=code, service_message="echo: sekrit")
+        with pytest.raises(error) as caught:
+            if operation == "decrypt":
+                kek.open(envelope, CTX)
+            else:
+                kek.seal(b"plaintext", CTX)
+        stub.assert_no_pending_responses()
+    assert "sekrit" not in str(caught.value) and "plaintext" not in str(caught.value)
+    if error is not InvalidInput:
+        assert arn in str(caught.value) and code in str(caught.value)

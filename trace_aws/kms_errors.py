@@ -30,6 +30,7 @@ __all__ = [
     "KmsKeyUnusable",
     "KmsRequestFailed",
     "KmsUnavailable",
+    "client_error_code",
     "kms_call",
 ]
 
@@ -97,7 +98,8 @@ class KmsRequestFailed(TraceError):
         self.code = code
 
 
-def _code(exc: ClientError) -> str:
+def client_error_code(exc: ClientError) -> str:
+    """The AWS error code of ``exc`` (``UnknownError`` if it has none)."""
     code = exc.response.get("Error", {}).get("Code")
     return code if isinstance(code, str) and code else "UnknownError"
 
@@ -112,7 +114,7 @@ def kms_call(operation: str, key_id: str) -> Iterator[None]:
     try:
         yield
     except ClientError as exc:
-        code = _code(exc)
+        code = client_error_code(exc)
         status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
         if code in _TRANSIENT_CODES or (isinstance(status, int) and status >= 500):
             raise KmsUnavailable(operation, key_id, code) from None
