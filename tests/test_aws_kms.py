@@ -14,6 +14,7 @@ import json
 import socket
 import uuid
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -508,3 +509,18 @@ def test_kms_refusals_of_key_encryption_become_trace_errors(
     assert "sekrit" not in str(caught.value) and "plaintext" not in str(caught.value)
     if error is not InvalidInput:
         assert arn in str(caught.value) and code in str(caught.value)
+
+
+async def test_a_client_without_credentials_is_a_configuration_error(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")  # no instance-metadata lookup
+    arn = "arn:aws:kms:us-east-1:1:key/x"
+    public = ec.generate_private_key(ec.SECP256R1()).public_key()
+    signer = KmsSigner(kms_client(REGION), arn, public)
+    with pytest.raises(ConfigurationError, match=f"KMS Sign on key {arn}: no AWS credentials"):
+        await signer.sign(b"m")

@@ -30,7 +30,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Final, Literal
 
 import anyio.to_thread
-import boto3
+import boto3.session
 from botocore.config import Config
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -64,6 +64,9 @@ _DEFAULT_CONFIG = Config(
     connect_timeout=2,
     read_timeout=5,
     retries={"mode": "standard", "total_max_attempts": 3},
+    # As many pooled connections as anyio's default worker threads, so that
+    # concurrent claims do not queue on (or churn) the connection pool.
+    max_pool_connections=40,
 )
 
 
@@ -77,8 +80,11 @@ def kms_client(
     """
     if not isinstance(region, str) or not region:
         raise ConfigurationError("kms region must be a non-empty string (e.g. 'us-east-1')")
-    client: KMSClient = boto3.client(
-        "kms", region_name=region, endpoint_url=endpoint_url, config=config or _DEFAULT_CONFIG
+    # A session of its own: boto3's default session caches the credentials it
+    # found first for the life of the process, whoever created it.
+    session = boto3.session.Session(region_name=region)
+    client: KMSClient = session.client(
+        "kms", endpoint_url=endpoint_url, config=config or _DEFAULT_CONFIG
     )
     return client
 

@@ -9,7 +9,10 @@ only these three classes:
 - :class:`KmsKeyUnusable`: the key cannot do this now or ever without an
   operator (disabled, pending deletion, not found, access denied, wrong key
   usage or spec); a :class:`~trace_core.errors.ConfigurationError`;
-- :class:`KmsRequestFailed`: anything else KMS refused.
+- :class:`KmsRequestFailed`: anything else KMS refused;
+
+and a plain :class:`~trace_core.errors.ConfigurationError` when the client
+has no credentials at all.
 
 Messages carry the operation, the key id and the AWS error code only: never
 the AWS message text (it can echo request data), a plaintext, a data key, a
@@ -122,7 +125,9 @@ def kms_call(operation: str, key_id: str) -> Iterator[None]:
             raise KmsKeyUnusable(operation, key_id, code) from None
         raise KmsRequestFailed(operation, key_id, code) from None
     except NoCredentialsError:
-        raise KmsKeyUnusable(operation, key_id, "NoCredentials") from None
+        raise ConfigurationError(
+            f"KMS {operation} on key {key_id}: no AWS credentials found for the KMS client"
+        ) from None
     except (BotoConnectionError, HTTPClientError) as exc:
         # EndpointConnectionError, ConnectTimeoutError, ReadTimeoutError, a closed connection
         raise KmsUnavailable(operation, key_id, type(exc).__name__) from None
