@@ -17,11 +17,13 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import anyio
 import pytest
 from botocore.config import Config
 from botocore.stub import Stubber
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
 from moto import mock_aws
 
 from trace_aws.kms import RAW_MESSAGE_LIMIT, KmsKey, KmsSigner, kms_client, kms_key_ring
@@ -35,6 +37,7 @@ from trace_core.security import (
     JwksCache,
     KeyRing,
     KeyState,
+    MalformedSignature,
     RotationPolicy,
     TokenIssuer,
     TokenVerifier,
@@ -524,3 +527,62 @@ async def test_a_client_without_credentials_is_a_configuration_error(
     signer = KmsSigner(kms_client(REGION), arn, public)
     with pytest.raises(ConfigurationError, match=f"KMS Sign on key {arn}: no AWS credentials"):
         await signer.sign(b"m")
+
+
+def _sign_response(signer: KmsSigner, signature: bytes, key_id: str | None = None) -> Any:
+    return {
+        "KeyId": key_id or signer.key_arn,
+        "Signature": signature,
+        "SigningAlgorithm": "ECDSA_SHA_256",
+    }
+
+
+async def test_a_short_der_scalar_is_left_padded_to_32_bytes(
+    stubbed: tuple[KmsSigner, Stubber, ec.EllipticCurvePrivateKey],
+) -> None:
+    # About one signature in 256 has r < 2**248: its DER integer is shorter.
+    signer, stub, private = stubbed
+    message = b"header.payload"
+    while True:
+        der = private.sign(message, ec.ECDSA(hashes.SHA256()))
+        r, _ = decode_dss_signature(der)
+        if r < 2**248:
+            break
+    stub.add_response("sign", _sign_response(signer, der))
+    raw = await signer.sign(message)
+    assert len(raw) == 64 and raw[0] == 0
+    signer.public_key().verify(raw_to_der(raw), message, ec.ECDSA(hashes.SHA256()))
+
+
+async def test_a_malformed_kms_answer_never_becomes_a_signature(
+    stubbed: tuple[KmsSigner, Stubber, ec.EllipticCurvePrivateKey],
+) -> None:
+    signer, stub, private = stubbed
+    der = private.sign(b"m", ec.ECDSA(hashes.SHA256()))
+    stub.add_response("sign", _sign_response(signer, der + b"\x00"))  # trailing byte
+    with pytest.raises(MalformedSignature):
+        await signer.sign(b"m")
+    other = "arn:aws:kms:us-east-1:123456789012:key/99999999-2222-3333-4444-555555555555"
+    stub.add_response("sign", _sign_response(signer, der, key_id=other))
+    with pytest.raises(KmsRequestFailed, match="UnexpectedKeyId"):
+        await signer.sign(b"m")
+
+
+async def test_concurrent_claims_sign_in_parallel_and_every_token_verifies(
+    kms: KMSClient,
+) -> None:
+    clock = ManualClock()
+    ring = KeyRing(clock, POLICY)
+    ring.bootstrap(KmsSigner.load(kms, _signing_key(kms)))
+    issuer = TokenIssuer(ring, ISS, AUD, TTL, clock)
+    tokens: list[str] = []
+
+    async def claim(attempt: int) -> None:
+        tokens.append(await issuer.issue(TASK, attempt, [INPUT], OUT, SCRATCH))
+
+    async with anyio.create_task_group() as group:
+        for attempt in range(1, 21):
+            group.start_soon(claim, attempt)
+    verifier = _verifier(ring, clock)
+    attempts = sorted([(await verifier.verify(t)).attempt for t in tokens])
+    assert attempts == list(range(1, 21))
