@@ -25,6 +25,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
 from moto import mock_aws
+from moto.server import ThreadedMotoServer
 
 from trace_aws.kms import RAW_MESSAGE_LIMIT, KmsKey, KmsSigner, kms_client, kms_key_ring
 from trace_aws.kms_envelope import Envelope, KmsKeyEncryption
@@ -586,3 +587,23 @@ async def test_concurrent_claims_sign_in_parallel_and_every_token_verifies(
     verifier = _verifier(ring, clock)
     attempts = sorted([(await verifier.verify(t)).attempt for t in tokens])
     assert attempts == list(range(1, 21))
+
+
+async def test_the_endpoint_url_reaches_a_moto_server_on_loopback(aws_env: None) -> None:
+    # What `./dev run --aws` will do: talk HTTP to a moto server, not mock_aws.
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        client = kms_client(REGION, f"http://{host}:{port}")
+        signing = client.create_key(KeyUsage="SIGN_VERIFY", KeySpec="ECC_NIST_P256")
+        signer = KmsSigner.load(client, signing["KeyMetadata"]["Arn"])
+        clock = ManualClock()
+        ring = KeyRing(clock, POLICY)
+        ring.bootstrap(signer)
+        token = await TokenIssuer(ring, ISS, AUD, TTL, clock).issue(TASK, 1, [INPUT], OUT, SCRATCH)
+        assert (await _verifier(ring, clock).verify(token)).attempt == 1
+        kek = KmsKeyEncryption.load(client, _encryption_key(client))
+        assert await kek.aopen(await kek.aseal(b"secret", CTX), CTX) == b"secret"
+    finally:
+        server.stop()
