@@ -13,7 +13,11 @@ is tested with botocore's Stubber, and only that.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
+import os
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +25,7 @@ import boto3
 import pytest
 from botocore.exceptions import ClientError
 from botocore.stub import Stubber
+from moto.server import ThreadedMotoServer
 
 import tests.test_aws_sts as sts_tests
 from trace_aws.errors import AwsRequestFailed, AwsUnavailable
@@ -340,3 +345,71 @@ def test_bad_settings_name_the_setting(aws_env: None) -> None:
         S3ObjectStore(region=REGION, multipart_threshold=0)
     with pytest.raises(ConfigurationError, match="region"):
         S3ObjectStore(region="")
+
+
+# --- through an endpoint URL (moto's threaded server) -------------------------------
+
+
+@pytest.fixture
+def moto_server(aws_env: None) -> Iterator[str]:
+    """moto's threaded server on a free loopback port (what a rehearsal's
+    separate processes talk to); its URL."""
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        yield f"http://{host}:{port}"
+    finally:
+        server.stop()
+
+
+async def test_minter_and_store_work_through_an_endpoint_url(moto_server: str) -> None:
+    iam = boto3.client("iam", region_name=REGION, endpoint_url=moto_server)
+    arn = iam.create_role(
+        RoleName="trace-task-role", AssumeRolePolicyDocument=json.dumps(sts_tests.TRUST)
+    )["Role"]["Arn"]
+    admin = boto3.client("s3", region_name=REGION, endpoint_url=moto_server)
+    admin.create_bucket(Bucket=DATA)
+    minter = StsCredentialMinter(arn, region=REGION, endpoint_url=moto_server)
+    minted = await minter.mint(SCOPE, session_name="task-abc-1", duration_seconds=900)
+    store = S3ObjectStore(region=REGION, endpoint_url=moto_server)
+    handle = store.handle_for(wire(minted))
+    handle.put(OUTPUT + "part-0", b"over http")
+    assert handle.list(OUTPUT) == [OUTPUT + "part-0"]
+    assert (
+        admin.get_object(Bucket=DATA, Key="tenants/t1/datasets/revenue/v12/part-0")["Body"].read()
+        == b"over http"
+    )
+
+
+# --- real AWS ------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(
+    not sts_tests.INTEGRATION,
+    reason="real-AWS test: set TRACE_AWS_INTEGRATION=1 with credentials, "
+    "TRACE_AWS_ROLE_ARN and TRACE_AWS_BUCKET to run it",
+)
+async def test_real_aws_store_denials_are_access_denied() -> None:
+    """Without a client-side scope the store relies on IAM alone: what the
+    session policy denies surfaces as AccessDenied, what it grants works."""
+    bucket = os.environ["TRACE_AWS_BUCKET"]
+    region = os.environ.get("AWS_REGION", os.environ.get("AWS_DEFAULT_REGION", REGION))
+    run = uuid.uuid4().hex
+    base = f"s3://{bucket}/trace-it/{run}"
+    scope = Scope.from_capability([f"{base}/t1/in/"], f"{base}/t1/out/", f"{base}/t1/s/")
+    minter = StsCredentialMinter(os.environ["TRACE_AWS_ROLE_ARN"], region=region)
+    minted = await minter.mint(scope, session_name=f"trace-it-{run[:20]}", duration_seconds=900)
+    handle = S3ObjectStore(region=region).handle_for(wire(minted))
+    admin = boto3.client("s3", region_name=region)
+    try:
+        handle.put(f"{base}/t1/out/part-0", b"\x02" * BIG)  # multipart under the policy
+        assert handle.list(f"{base}/t1/out/") == [f"{base}/t1/out/part-0"]
+        with pytest.raises(AccessDenied):
+            handle.put(f"{base}/t2/out/part-0", b"no")
+        with pytest.raises(AccessDenied):
+            handle.get(f"{base}/t1/out/part-0")  # write does not imply read
+        with pytest.raises(AccessDenied):
+            handle.list(f"s3://{bucket}/trace-it/")
+    finally:
+        admin.delete_object(Bucket=bucket, Key=f"trace-it/{run}/t1/out/part-0")
