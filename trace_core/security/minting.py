@@ -45,6 +45,7 @@ __all__ = [
     "LocalCredentialMinter",
     "MintedCredentials",
     "StoreAction",
+    "scope_allows",
     "validate_session_name",
 ]
 
@@ -123,6 +124,33 @@ def _evaluator(scope: Scope) -> PolicyEvaluator:
     return PolicyEvaluator(session_policy(scope))
 
 
+def _check_action(action: object) -> None:
+    if action not in ("read", "write", "list"):
+        raise InvalidInput("action", f"must be 'read', 'write' or 'list', not {action!r}")
+
+
+def scope_allows(scope: Scope, action: StoreAction, key_or_prefix: str) -> bool:
+    """Whether the session policy of ``scope`` allows ``action`` on ``key_or_prefix``.
+
+    The request as an object store sends it: ``s3://bucket/key`` for
+    ``read``/``write``, ``s3://bucket/prefix`` for ``list`` (``s3://bucket/``
+    lists the whole bucket and is denied). Keys breaking the canonical path
+    rules are denied. Every store checks through here, so a scope grants the
+    same requests in the lite store, as a client-side check of the S3 store,
+    and (through :func:`session_policy`) in IAM. Raises only for an unknown
+    ``action``.
+    """
+    _check_action(action)
+    try:
+        bucket, key = parse_object_uri(key_or_prefix, field="key", allow_empty=action == "list")
+    except InvalidScope:
+        return False
+    evaluator = _evaluator(scope)
+    if action == "list":
+        return evaluator.allows(LIST_ACTION, bucket_arn(bucket), s3_prefix=key or None)
+    return evaluator.allows(_OBJECT_ACTIONS[action], object_arn(bucket, key))
+
+
 class LocalCredentialMinter:
     """Lite-profile minter: HMAC-signed session tokens that a local store can check.
 
@@ -198,19 +226,9 @@ class LocalCredentialMinter:
         the canonical path rules (``..``, ``a//b``, ``%``, ``\\``) are denied.
         Raises only for an unknown ``action``.
         """
-        if action not in ("read", "write", "list"):
-            raise InvalidInput("action", f"must be 'read', 'write' or 'list', not {action!r}")
+        _check_action(action)
         scope = self._verified_scope(credentials)
-        if scope is None:
-            return False
-        try:
-            bucket, key = parse_object_uri(key_or_prefix, field="key", allow_empty=action == "list")
-        except InvalidScope:
-            return False
-        evaluator = _evaluator(scope)
-        if action == "list":
-            return evaluator.allows(LIST_ACTION, bucket_arn(bucket), s3_prefix=key or None)
-        return evaluator.allows(_OBJECT_ACTIONS[action], object_arn(bucket, key))
+        return scope is not None and scope_allows(scope, action, key_or_prefix)
 
     def restore(self, values: Mapping[str, str]) -> MintedCredentials:
         """Rebuild credentials this minter issued from their wire form
