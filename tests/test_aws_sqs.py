@@ -6,18 +6,44 @@ failing), botocore's Stubber answers instead, for the error handling only.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import anyio
+import anyio.from_thread
 import pytest
 from botocore.stub import Stubber
 from moto import mock_aws
 
+from tests.test_worker_wrapper import (
+    BACKOFF,
+    DAG,
+    DEPLOYED,
+    EXPIRE,
+    WAIT,
+    FlakyClient,
+    Platform,
+    Ticker,
+    no_heartbeat,
+    relay_partition,
+    wrapper_for,
+)
 from trace_aws.errors import AwsRejected, AwsUnavailable
 from trace_aws.sqs import SqsWakeupQueue, parse_wakeup, sqs_client, wakeup_body
+from trace_aws.sqs_worker import SqsWorker, SqsWorkerSettings
+from trace_core.authoring.context import OperatorResult, TaskContext
+from trace_core.clock import ManualClock
+from trace_core.dag import parse_dag
+from trace_core.dispatcher.inprocess import InProcessWakeupQueue
+from trace_core.dispatcher.inprocess_client import InProcessClient
+from trace_core.dispatcher.service import Dispatcher
 from trace_core.errors import ConfigurationError, InvalidInput, NotFound
+from trace_core.outage import LoopHealth
+from trace_core.storage.sql import SqlRepository
 
 if TYPE_CHECKING:
     from mypy_boto3_sqs import SQSClient
@@ -26,6 +52,7 @@ pytestmark = pytest.mark.anyio
 
 REGION = "us-east-1"
 QUEUE = "trace-ecs-platform"
+UDF = "trace-ecs-udf"
 
 
 @pytest.fixture
@@ -240,3 +267,291 @@ def test_settings_are_checked(aws_env: None) -> None:
         sqs_client("")
     with pytest.raises(ConfigurationError, match="max_attempts"):
         SqsWakeupQueue(sqs_client(REGION), max_attempts=0)
+
+
+# --- the worker loop ----------------------------------------------------------------
+# A real Dispatcher on SQLite (the loop is not storage behaviour), its wake-ups on
+# moto's SQS, and the tests' workers polling them.
+
+
+@pytest.fixture
+def engine() -> str:
+    return "sqlite"
+
+
+@dataclass
+class SqsPlatform:
+    """A deployed Dispatcher whose wake-ups go to SQS, with a DLQ behind both queues."""
+
+    platform: Platform
+    sqs: SQSClient
+    urls: dict[str, str]
+    dlq: str
+    received: dict[str, list[str]] = field(default_factory=dict)
+    last_url: str = ""
+
+    def worker(self, follow: Any, double: Any = None, **kwargs: Any) -> SqsWorker:
+        queue = kwargs.pop("queue", UDF)
+        client = kwargs.pop("client", None)
+        sleep = kwargs.pop("sleep", no_heartbeat)
+        settings = SqsWorkerSettings(self.urls[queue], wait_seconds=0, **kwargs)
+        wrapper = wrapper_for(self.platform, follow, double, client=client)
+        return SqsWorker(self.sqs, wrapper, settings, sleep=sleep)
+
+    def counts(self, queue: str = UDF) -> tuple[int, int]:
+        """(visible, in flight) messages of ``queue``."""
+        names: Any = ["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"]
+        got = self.sqs.get_queue_attributes(QueueUrl=self.urls[queue], AttributeNames=names)
+        return tuple(int(got["Attributes"][n]) for n in names)  # type: ignore[return-value]
+
+    def reappear(self, queue: str = UDF) -> None:
+        """What the visibility timeout does for a dead worker: what was received
+        from ``queue`` and not deleted is visible again."""
+        for receipt in self.received.pop(queue, []):
+            with contextlib.suppress(self.sqs.exceptions.ReceiptHandleIsInvalid):
+                self.sqs.change_message_visibility(
+                    QueueUrl=self.urls[queue], ReceiptHandle=receipt, VisibilityTimeout=0
+                )
+        assert self.counts(queue)[1] == 0, "still in flight"
+
+    def record_receipts(self, params: Any = None, parsed: Any = None, **_: Any) -> None:
+        """``after-call`` hook: remember each received message's receipt handle."""
+        queue = {url: name for name, url in self.urls.items()}.get(self.last_url, self.last_url)
+        self.received.setdefault(queue, []).extend(
+            m["ReceiptHandle"] for m in parsed.get("Messages", [])
+        )
+
+
+@pytest.fixture
+async def aws(repo: SqlRepository, clock: ManualClock, sqs: SQSClient) -> SqsPlatform:
+    dlq = sqs.create_queue(QueueName="trace-dlq")["QueueUrl"]
+    dlq_arn = sqs.get_queue_attributes(QueueUrl=dlq, AttributeNames=["QueueArn"])["Attributes"][
+        "QueueArn"
+    ]
+    redrive = json.dumps({"deadLetterTargetArn": dlq_arn, "maxReceiveCount": "5"})
+    urls = {
+        name: sqs.create_queue(QueueName=name, Attributes={"RedrivePolicy": redrive})["QueueUrl"]
+        for name in (UDF, QUEUE)
+    }
+    wakeups = SqsWakeupQueue(sqs)
+    dispatcher = Dispatcher(repo, operators=DEPLOYED, clock=clock, wakeups=wakeups)
+    deployed = await dispatcher.deploy(parse_dag(DAG, operators=DEPLOYED.names()))
+    platform = Platform(dispatcher, deployed, clock, InProcessWakeupQueue())
+    aws = SqsPlatform(platform, sqs, urls, dlq)
+
+    def note_url(params: Any, **_: Any) -> None:
+        aws.last_url = params["QueueUrl"]
+
+    sqs.meta.events.register("provide-client-params.sqs.ReceiveMessage", note_url)
+    sqs.meta.events.register("after-call.sqs.ReceiveMessage", aws.record_receipts)
+    return aws
+
+
+async def wake(aws: SqsPlatform, key: str = "run-1") -> uuid.UUID:
+    """Trigger the source task; the Dispatcher's relay sends its wake-up to SQS."""
+    task_id = await aws.platform.trigger(key)
+    await aws.platform.dispatcher.run_once()
+    return task_id
+
+
+async def test_wakeups_from_the_dispatcher_run_through_sqs_and_are_deleted(
+    aws: SqsPlatform,
+) -> None:
+    async def follow(ctx: TaskContext) -> OperatorResult:
+        return OperatorResult(events=[aws.platform.partition(0, 9), aws.platform.partition(10, 19)])
+
+    task_id = await wake(aws)
+    source = aws.worker(follow)
+    assert await source.poll_once() == 1
+    assert source.outcomes == {"completed": 1}
+    assert (await aws.platform.task(task_id))["status"] == "Completed"
+    assert aws.counts(UDF) == (0, 0)  # deleted
+
+    await aws.platform.dispatcher.run_once()  # routes the events: two wake-ups on QUEUE
+    downstream = aws.worker(follow, relay_partition, queue=QUEUE, concurrency=2)
+    await downstream.run(max_messages=2)
+    assert downstream.outcomes == {"completed": 2}
+    assert {t["status"] for t in await aws.platform.tasks_of("double")} == {"Completed"}
+    assert aws.counts(QUEUE) == (0, 0)
+
+
+async def test_duplicates_and_a_wakeup_for_a_completed_task_run_nothing_and_are_deleted(
+    aws: SqsPlatform,
+) -> None:
+    runs: list[str] = []
+    task_id = await wake(aws)
+    await SqsWakeupQueue(aws.sqs).send(UDF, [task_id, task_id])  # two duplicates
+    worker = aws.worker(lambda ctx: runs.append("ran"), concurrency=3)
+    await worker.run(max_messages=3)
+    assert runs == ["ran"]
+    assert worker.outcomes["completed"] == 1
+    # The duplicates ran beside the first (AlreadyRunning) or after it (Completed).
+    assert sum(worker.outcomes.values()) == 3
+    assert set(worker.outcomes) <= {"completed", "AlreadyRunning", "Completed"}
+    assert aws.counts(UDF) == (0, 0)
+
+    await SqsWakeupQueue(aws.sqs).send(UDF, [task_id])  # late, after completion
+    assert await worker.poll_once() == 1
+    assert worker.outcomes["Completed"] >= 1 and runs == ["ran"]
+    assert aws.counts(UDF) == (0, 0)
+
+
+async def test_a_poison_message_goes_to_the_dead_letter_queue_and_the_loop_carries_on(
+    aws: SqsPlatform,
+) -> None:
+    runs: list[str] = []
+    url = aws.urls[UDF]
+    aws.sqs.send_message(QueueUrl=url, MessageBody='{"task_id": "not-a-uuid"}')
+    aws.sqs.send_message(QueueUrl=url, MessageBody="garbage")
+    await wake(aws)
+    worker = aws.worker(lambda ctx: runs.append("ran"), concurrency=3)
+    await worker.run(max_messages=3)
+    assert worker.outcomes == {"malformed": 2, "completed": 1}
+    assert runs == ["ran"]
+    assert aws.counts(UDF) == (0, 0)
+    dead = aws.sqs.receive_message(
+        QueueUrl=aws.dlq, MaxNumberOfMessages=10, MessageAttributeNames=["All"]
+    )["Messages"]
+    assert sorted(m["Body"] for m in dead) == ["garbage", '{"task_id": "not-a-uuid"}']
+    reasons = {m["MessageAttributes"]["trace-error"]["StringValue"] for m in dead}
+    assert reasons == {"body.task_id: not a UUID", "body: not JSON"}
+    assert {m["MessageAttributes"]["trace-source-queue"]["StringValue"] for m in dead} == {url}
+
+
+async def test_a_queue_without_a_dead_letter_queue_is_refused_at_start(
+    aws: SqsPlatform,
+) -> None:
+    bare = aws.sqs.create_queue(QueueName="no-dlq")["QueueUrl"]
+    wrapper = wrapper_for(aws.platform, lambda ctx: None)
+    worker = SqsWorker(aws.sqs, wrapper, SqsWorkerSettings(bare, wait_seconds=0))
+    with pytest.raises(ConfigurationError, match="no-dlq: no RedrivePolicy"):
+        await worker.run(max_messages=1)
+
+
+async def test_a_long_task_keeps_its_message_invisible_until_it_finishes(
+    aws: SqsPlatform,
+) -> None:
+    ticks = Ticker()
+    release = anyio.Event()
+    extended: list[tuple[str, int]] = []
+    aws.sqs.meta.events.register(
+        "provide-client-params.sqs.ChangeMessageVisibility",
+        lambda params, **_: extended.append((params["ReceiptHandle"], params["VisibilityTimeout"])),
+    )
+    received: list[str] = []
+    aws.sqs.meta.events.register(
+        "after-call.sqs.ReceiveMessage",
+        lambda parsed, **_: received.extend(m["ReceiptHandle"] for m in parsed.get("Messages", [])),
+    )
+
+    async def follow(ctx: TaskContext) -> None:
+        await release.wait()
+
+    task_id = await wake(aws)
+    worker = aws.worker(follow, sleep=ticks.sleep, visibility_seconds=30, extend_seconds=10)
+    try:
+        async with anyio.create_task_group() as group:
+            group.start_soon(worker.poll_once)
+            await ticks.wait_for_sleeps(1)
+            assert ticks.delays == [10]
+            for n in (2, 3):
+                ticks.tick()
+                await ticks.wait_for_sleeps(n)  # one extension done per tick
+            assert extended == [(received[0], 30), (received[0], 30)]
+            assert aws.counts(UDF) == (0, 1)  # in flight while it runs
+            release.set()
+    finally:
+        ticks.close()
+    assert worker.outcomes == {"completed": 1}
+    assert len(extended) == 2  # no extension after the task finished
+    assert aws.counts(UDF) == (0, 0)
+    assert (await aws.platform.task(task_id))["status"] == "Completed"
+
+
+async def test_a_dead_workers_wakeup_reappears_and_the_lease_decides(aws: SqsPlatform) -> None:
+    runs: list[int] = []
+    task_id = await wake(aws)
+    # A worker claimed the task, then was SIGKILLed: nothing deleted its message.
+    aws.sqs.receive_message(QueueUrl=aws.urls[UDF], VisibilityTimeout=30)
+    assert (await aws.platform.dispatcher.tasks.claim(task_id, "dead-worker")).lease is not None
+    aws.reappear()
+    worker = aws.worker(lambda ctx: runs.append(ctx.attempt))
+    assert await worker.poll_once() == 1
+    assert worker.outcomes == {"AlreadyRunning": 1} and runs == []
+    assert aws.counts(UDF) == (0, 0)
+
+    # Its lease expires; the retry sends a new wake-up, which runs attempt 2.
+    aws.platform.clock.advance(EXPIRE)
+    await aws.platform.dispatcher.run_once()
+    aws.platform.clock.advance(BACKOFF)
+    await aws.platform.dispatcher.run_once()
+    assert await worker.poll_once() == 1
+    assert runs == [2] and worker.outcomes["completed"] == 1
+    assert (await aws.platform.task(task_id))["status"] == "Completed"
+
+
+async def test_a_control_plane_outage_keeps_the_wakeup_until_the_claim_is_made(
+    aws: SqsPlatform,
+) -> None:
+    runs: list[str] = []
+    flaky = FlakyClient(InProcessClient(aws.platform.control), {"claim": 1})
+    task_id = await wake(aws)
+    worker = aws.worker(lambda ctx: runs.append("ran"), client=flaky)
+    assert await worker.poll_once() == 1
+    assert worker.outcomes == {"kept": 1} and runs == []
+    assert aws.counts(UDF) == (0, 1)  # kept: it comes back after its visibility timeout
+    aws.reappear()
+    assert await worker.poll_once() == 1
+    assert worker.outcomes == {"kept": 1, "completed": 1} and runs == ["ran"]
+    assert aws.counts(UDF) == (0, 0)
+    assert (await aws.platform.task(task_id))["status"] == "Completed"
+
+
+async def test_a_throttled_receive_backs_off_and_a_deleted_queue_ends_the_loop(
+    aws: SqsPlatform,
+) -> None:
+    client = sqs_client(REGION)
+    sleep = NoWait()
+    wrapper = wrapper_for(aws.platform, lambda ctx: None)
+    health = LoopHealth("test", sleep=sleep, unavailable=(AwsUnavailable,))
+    settings = SqsWorkerSettings(URL, wait_seconds=0, dead_letter_url=aws.dlq)
+    worker = SqsWorker(client, wrapper, settings, health=health)
+    with Stubber(client) as stub:
+        stub.add_client_error("receive_message", "ThrottlingException", http_status_code=400)
+        stub.add_client_error("receive_message", "InternalError", http_status_code=500)
+        stub.add_client_error(
+            "receive_message", "AWS.SimpleQueueService.NonExistentQueue", http_status_code=400
+        )
+        with pytest.raises(NotFound, match="sqs ReceiveMessage: not found"):
+            await worker.run()
+        stub.assert_no_pending_responses()
+    assert len(sleep.delays) == 2 and health.total_failures == 2
+
+
+async def test_stop_ends_an_idle_loop(aws: SqsPlatform) -> None:
+    worker = aws.worker(lambda ctx: None)
+    polls: list[int] = []
+
+    def stop_on_third(**_: Any) -> None:
+        polls.append(1)
+        if len(polls) == 3:  # in boto3's thread: stop() belongs to the event loop
+            anyio.from_thread.run_sync(worker.stop)
+
+    aws.sqs.meta.events.register("provide-client-params.sqs.ReceiveMessage", stop_on_third)
+    with anyio.fail_after(WAIT):
+        await worker.run()
+    assert len(polls) == 3 and worker.outcomes == {}
+
+
+def test_worker_settings_are_checked() -> None:
+    cases: list[tuple[dict[str, Any], str]] = [
+        ({"queue_url": ""}, "queue_url"),
+        ({"wait_seconds": 21}, "wait_seconds"),
+        ({"concurrency": 0}, "concurrency"),
+        ({"visibility_seconds": 0}, "visibility_seconds"),
+        ({"visibility_seconds": 30, "extend_seconds": 30}, "extend_seconds"),
+    ]
+    for bad, name in cases:
+        with pytest.raises(ConfigurationError, match=name):
+            SqsWorkerSettings(**{"queue_url": URL, **bad})
+    assert SqsWorkerSettings(URL, visibility_seconds=90).extend_every == 30

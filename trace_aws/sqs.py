@@ -61,14 +61,21 @@ def sqs_client(region: str, endpoint_url: str | None = None) -> SQSClient:
     return boto3.client("sqs", region_name=region, endpoint_url=endpoint_url or None)
 
 
-async def call_sqs(operation: str, call: Callable[..., T], /, **kwargs: Any) -> T:
-    """``call(**kwargs)`` in a worker thread, its failures translated (:mod:`trace_aws.errors`)."""
+async def call_sqs(
+    operation: str, call: Callable[..., T], /, *, abandon_on_cancel: bool = False, **kwargs: Any
+) -> T:
+    """``call(**kwargs)`` in a worker thread, its failures translated (:mod:`trace_aws.errors`).
+
+    With ``abandon_on_cancel`` a cancelled caller stops waiting at once (for a
+    long-poll: the thread finishes it alone, and what it received reappears
+    after the visibility timeout).
+    """
 
     def run() -> T:
         with translated(f"sqs {operation}"):
             return call(**kwargs)
 
-    return await anyio.to_thread.run_sync(run)
+    return await anyio.to_thread.run_sync(run, abandon_on_cancel=abandon_on_cancel)
 
 
 def wakeup_body(task_id: uuid.UUID) -> str:
