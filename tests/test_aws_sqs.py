@@ -32,7 +32,7 @@ from tests.test_worker_wrapper import (
     relay_partition,
     wrapper_for,
 )
-from trace_aws.errors import AwsRejected, AwsUnavailable
+from trace_aws.errors import AwsRequestFailed, AwsUnavailable
 from trace_aws.sqs import SqsWakeupQueue, parse_wakeup, sqs_client, wakeup_body
 from trace_aws.sqs_worker import SqsWorker, SqsWorkerSettings
 from trace_core.authoring.context import OperatorResult, TaskContext
@@ -163,11 +163,11 @@ async def test_an_unknown_or_deleted_queue_is_not_found_naming_the_operation(
     sqs: SQSClient, queue_url: str
 ) -> None:
     queue = SqsWakeupQueue(sqs)
-    with pytest.raises(NotFound, match="sqs GetQueueUrl: not found"):
+    with pytest.raises(NotFound, match="sqs GetQueueUrl: the queue does not exist"):
         await queue.send("no-such-queue", [uuid.uuid4()])
     await queue.send(QUEUE, [uuid.uuid4()])  # URL now cached
     sqs.delete_queue(QueueUrl=queue_url)
-    with pytest.raises(NotFound, match="sqs SendMessageBatch: not found"):
+    with pytest.raises(NotFound, match="sqs SendMessageBatch: the queue does not exist"):
         await queue.send(QUEUE, [uuid.uuid4()])
 
 
@@ -228,7 +228,9 @@ async def test_an_entry_the_sender_is_blamed_for_is_rejected_at_once(aws_env: No
     queue = SqsWakeupQueue(client, queue_urls={QUEUE: URL}, sleep=NoWait())
     with Stubber(client) as stub:
         stub.add_response("send_message_batch", batch_answer(["0"], sender_fault=True))
-        with pytest.raises(AwsRejected, match="sqs SendMessageBatch: refused by AWS"):
+        with pytest.raises(
+            AwsRequestFailed, match=r"AWS sqs SendMessageBatch was refused \(InternalError\)"
+        ):
             await queue.send(QUEUE, [uuid.uuid4()])
         stub.assert_no_pending_responses()
 
@@ -253,7 +255,7 @@ async def test_throttling_is_unavailable_and_the_aws_message_is_not_repeated(
         )
         with pytest.raises(AwsUnavailable) as throttled:
             await queue.send(QUEUE, [uuid.uuid4()])
-        with pytest.raises(AwsRejected) as denied:
+        with pytest.raises(AwsRequestFailed) as denied:
             await queue.send(QUEUE, [uuid.uuid4()])
     assert "ThrottlingException" in str(throttled.value)
     assert "AccessDenied" in str(denied.value) and "403" in str(denied.value)
@@ -522,7 +524,7 @@ async def test_a_throttled_receive_backs_off_and_a_deleted_queue_ends_the_loop(
         stub.add_client_error(
             "receive_message", "AWS.SimpleQueueService.NonExistentQueue", http_status_code=400
         )
-        with pytest.raises(NotFound, match="sqs ReceiveMessage: not found"):
+        with pytest.raises(NotFound, match="sqs ReceiveMessage: the queue does not exist"):
             await worker.run()
         stub.assert_no_pending_responses()
     assert len(sleep.delays) == 2 and health.total_failures == 2

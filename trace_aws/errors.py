@@ -1,33 +1,33 @@
-"""AWS failures as Trace errors: transient ones are retried, the rest are answers.
+"""AWS failures as Trace errors: retryable ones apart from the rest.
 
-Every adapter calls boto3 through :func:`translated`, so callers never catch
-botocore types. The message names the operation, the AWS error code and the
-HTTP status only: never the service's free-text message (a signature
-mismatch echoes the canonical request), a credential or a token.
-
-- throttling, 5xx, a connection or read timeout: :class:`AwsUnavailable`
-  (retry with backoff; the outbox relay and the worker loop do);
-- a queue (or other named resource) that does not exist:
-  :class:`~trace_core.errors.NotFound`;
-- anything else (access denied, a malformed request): :class:`AwsRejected`.
-
-trace_core has no transient error class outside the database
-(:class:`~trace_core.errors.DatabaseUnavailable`), hence
-:class:`AwsUnavailable` here.
+Every adapter of this package calls AWS through boto3 and lets no botocore
+type escape: :func:`aws_error` turns a ``ClientError`` or a connection
+failure into :class:`AwsUnavailable` (retry later: throttling, a 5xx, no
+connection) or :class:`AwsRequestFailed` (retrying the same request will not
+help: access denied, a missing resource, an invalid parameter). Messages name
+the operation and AWS's error code, never a parameter value, so no secret,
+token or credential can reach a message or a log.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
+from botocore.exceptions import (
+    BotoCoreError,
+    ClientError,
+    ConnectTimeoutError,
+    EndpointConnectionError,
+    ReadTimeoutError,
+)
+from botocore.exceptions import (
+    ConnectionError as BotoConnectionError,
+)
 
-from botocore.exceptions import BotoCoreError, ClientError, ConnectionError, HTTPClientError
+from trace_core.errors import TraceError
 
-from trace_core.errors import NotFound, TraceError
+__all__ = ["AwsRequestFailed", "AwsUnavailable", "aws_error", "error_code"]
 
-__all__ = ["AwsRejected", "AwsUnavailable", "translated"]
-
-THROTTLING_CODES = frozenset(
+# Codes AWS documents as throttling or transient; any 5xx is transient too.
+_TRANSIENT_CODES = frozenset(
     {
         "Throttling",
         "ThrottlingException",
@@ -36,71 +36,64 @@ THROTTLING_CODES = frozenset(
         "RequestThrottledException",
         "TooManyRequestsException",
         "ProvisionedThroughputExceededException",
-        "SlowDown",
         "RequestLimitExceeded",
-        "ServiceUnavailable",
+        "SlowDown",
+        "RequestTimeout",
+        "RequestTimeoutException",
         "InternalError",
         "InternalFailure",
-        "KMSInternalException",
-        "AWS.SimpleQueueService.ServiceUnavailable",
-    }
-)
-"""Error codes AWS documents as "retry later" whatever their HTTP status."""
-
-NOT_FOUND_CODES = frozenset(
-    {
-        "AWS.SimpleQueueService.NonExistentQueue",
-        "QueueDoesNotExist",
-        "NotFoundException",
-        "NoSuchBucket",
-        "NoSuchKey",
+        "ServiceUnavailable",
+        "IDPCommunicationError",
     }
 )
 
 
 class AwsUnavailable(TraceError):
-    """An AWS call failed in a way a later retry may fix (throttling, 5xx, network)."""
+    """A retryable AWS failure (throttled, a 5xx, unreachable): try again later."""
 
-    def __init__(self, operation: str, detail: str) -> None:
-        super().__init__(f"{operation}: AWS unavailable ({detail})")
+    def __init__(self, operation: str, code: str) -> None:
+        super().__init__(f"AWS {operation} failed transiently ({code}); retry later")
         self.operation = operation
-        self.detail = detail
+        self.code = code
 
 
-class AwsRejected(TraceError):
-    """AWS refused the call for good (access denied, invalid request...)."""
+class AwsRequestFailed(TraceError):
+    """AWS refused the request; repeating it unchanged will fail again."""
 
-    def __init__(self, operation: str, code: str, status: int | None) -> None:
-        super().__init__(f"{operation}: refused by AWS ({code}, HTTP {status})")
+    def __init__(self, operation: str, code: str, status: int | None = None) -> None:
+        where = f", HTTP {status}" if status is not None else ""
+        super().__init__(f"AWS {operation} was refused ({code}{where})")
         self.operation = operation
         self.code = code
         self.status = status
 
 
 def error_code(exc: ClientError) -> str:
-    """The AWS error code of ``exc`` (``Unknown`` when the answer had none)."""
-    return str(exc.response.get("Error", {}).get("Code") or "Unknown")
+    """AWS's error code of ``exc`` (``"Unknown"`` if the response has none)."""
+    code = exc.response.get("Error", {}).get("Code")
+    return str(code) if code else "Unknown"
 
 
-def translate(operation: str, exc: Exception) -> TraceError:
-    """The Trace error for a botocore failure of ``operation`` (see the module docstring)."""
+def _status(exc: ClientError) -> int | None:
+    status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+    return status if isinstance(status, int) else None
+
+
+def aws_error(operation: str, exc: ClientError | BotoCoreError) -> TraceError:
+    """The Trace error for ``exc`` raised by AWS ``operation`` (raise it ``from None``).
+
+    Only the error code and HTTP status are kept: AWS's own message can echo
+    request values, so it is deliberately dropped.
+    """
     if isinstance(exc, ClientError):
-        code = error_code(exc)
-        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-        if code in THROTTLING_CODES or (status is not None and status >= 500):
-            return AwsUnavailable(operation, f"{code}, HTTP {status}")
-        if code in NOT_FOUND_CODES:
-            return NotFound(f"{operation}: not found ({code})")
-        return AwsRejected(operation, code, status)
-    if isinstance(exc, (ConnectionError, HTTPClientError)):
+        code, status = error_code(exc), _status(exc)
+        if code in _TRANSIENT_CODES or (status is not None and status >= 500):
+            return AwsUnavailable(operation, code)
+        return AwsRequestFailed(operation, code, status)
+    if isinstance(
+        exc, EndpointConnectionError | ConnectTimeoutError | ReadTimeoutError | BotoConnectionError
+    ):
         return AwsUnavailable(operation, type(exc).__name__)
-    return AwsRejected(operation, type(exc).__name__, None)
-
-
-@contextlib.contextmanager
-def translated(operation: str) -> Iterator[None]:
-    """Raise botocore failures inside the block as Trace errors naming ``operation``."""
-    try:
-        yield
-    except (ClientError, BotoCoreError) as exc:
-        raise translate(operation, exc) from None
+    # Anything else botocore raises (no credentials, a bad parameter) is not
+    # fixed by waiting.
+    return AwsRequestFailed(operation, type(exc).__name__)

@@ -23,9 +23,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 import anyio.to_thread
+from botocore.exceptions import BotoCoreError, ClientError
 
-from trace_aws.errors import AwsRejected, AwsUnavailable, translated
-from trace_core.errors import ConfigurationError, InvalidInput
+from trace_aws.errors import AwsRequestFailed, AwsUnavailable, aws_error, error_code
+from trace_core.errors import ConfigurationError, InvalidInput, NotFound
 from trace_core.retry import Backoff
 
 if TYPE_CHECKING:
@@ -46,6 +47,8 @@ log = logging.getLogger(__name__)
 BATCH_LIMIT = 10
 """SQS's limit of entries per ``SendMessageBatch`` (and messages per receive)."""
 
+MISSING_QUEUE_CODES = frozenset({"AWS.SimpleQueueService.NonExistentQueue", "QueueDoesNotExist"})
+
 SEND_BACKOFF = Backoff(base_seconds=0.1, factor=2.0, cap_seconds=5.0, jitter=1.0)
 
 T = TypeVar("T")
@@ -64,7 +67,8 @@ def sqs_client(region: str, endpoint_url: str | None = None) -> SQSClient:
 async def call_sqs(
     operation: str, call: Callable[..., T], /, *, abandon_on_cancel: bool = False, **kwargs: Any
 ) -> T:
-    """``call(**kwargs)`` in a worker thread, its failures translated (:mod:`trace_aws.errors`).
+    """``call(**kwargs)`` in a worker thread, its failures translated (:mod:`trace_aws.errors`;
+    a queue that does not exist is :class:`~trace_core.errors.NotFound`).
 
     With ``abandon_on_cancel`` a cancelled caller stops waiting at once (for a
     long-poll: the thread finishes it alone, and what it received reappears
@@ -72,8 +76,15 @@ async def call_sqs(
     """
 
     def run() -> T:
-        with translated(f"sqs {operation}"):
+        try:
             return call(**kwargs)
+        except ClientError as exc:
+            code = error_code(exc)
+            if code in MISSING_QUEUE_CODES:
+                raise NotFound(f"sqs {operation}: the queue does not exist ({code})") from None
+            raise aws_error(f"sqs {operation}", exc) from None
+        except BotoCoreError as exc:
+            raise aws_error(f"sqs {operation}", exc) from None
 
     return await anyio.to_thread.run_sync(run, abandon_on_cancel=abandon_on_cancel)
 
@@ -149,7 +160,7 @@ class SqsWakeupQueue:
         Returns once SQS accepted every message. Raises
         :class:`~trace_aws.errors.AwsUnavailable` when entries still failed
         after ``max_attempts`` (or the call itself failed transiently), and
-        :class:`~trace_aws.errors.AwsRejected` at once for an entry SQS
+        :class:`~trace_aws.errors.AwsRequestFailed` at once for an entry SQS
         blames on the sender (retrying cannot fix it).
         """
         if not task_ids:
@@ -174,7 +185,7 @@ class SqsWakeupQueue:
                 return
             fatal = [f for f in failed if f.get("SenderFault")]
             if fatal:
-                raise AwsRejected("sqs SendMessageBatch", str(fatal[0].get("Code")), None)
+                raise AwsRequestFailed("sqs SendMessageBatch", str(fatal[0].get("Code")))
             codes = sorted({str(f.get("Code")) for f in failed})
             if attempt >= self.max_attempts:
                 raise AwsUnavailable(
