@@ -290,6 +290,7 @@ class SqsPlatform:
     urls: dict[str, str]
     dlq: str
     received: dict[str, list[str]] = field(default_factory=dict)
+    received_ids: list[str] = field(default_factory=list)
     last_url: str = ""
 
     def worker(self, follow: Any, double: Any = None, **kwargs: Any) -> SqsWorker:
@@ -319,9 +320,9 @@ class SqsPlatform:
     def record_receipts(self, params: Any = None, parsed: Any = None, **_: Any) -> None:
         """``after-call`` hook: remember each received message's receipt handle."""
         queue = {url: name for name, url in self.urls.items()}.get(self.last_url, self.last_url)
-        self.received.setdefault(queue, []).extend(
-            m["ReceiptHandle"] for m in parsed.get("Messages", [])
-        )
+        messages = parsed.get("Messages", [])
+        self.received.setdefault(queue, []).extend(m["ReceiptHandle"] for m in messages)
+        self.received_ids.extend(m["MessageId"] for m in messages)
 
 
 @pytest.fixture
@@ -498,12 +499,14 @@ async def test_a_control_plane_outage_keeps_the_wakeup_until_the_claim_is_made(
     runs: list[str] = []
     flaky = FlakyClient(InProcessClient(aws.platform.control), {"claim": 1})
     task_id = await wake(aws)
-    worker = aws.worker(lambda ctx: runs.append("ran"), client=flaky)
+    worker = aws.worker(lambda ctx: runs.append("ran"), client=flaky, requeue_delay_seconds=0)
+    ids = aws.received_ids
     assert await worker.poll_once() == 1
     assert worker.outcomes == {"kept": 1} and runs == []
-    assert aws.counts(UDF) == (0, 1)  # kept: it comes back after its visibility timeout
-    aws.reappear()
+    # Kept: sent again as a new message (a fresh receive count), the received one deleted.
+    assert aws.counts(UDF) == (1, 0)
     assert await worker.poll_once() == 1
+    assert len(set(ids)) == 2  # two messages, not one received twice
     assert worker.outcomes == {"kept": 1, "completed": 1} and runs == ["ran"]
     assert aws.counts(UDF) == (0, 0)
     assert (await aws.platform.task(task_id))["status"] == "Completed"
@@ -552,6 +555,7 @@ def test_worker_settings_are_checked() -> None:
         ({"concurrency": 0}, "concurrency"),
         ({"visibility_seconds": 0}, "visibility_seconds"),
         ({"visibility_seconds": 30, "extend_seconds": 30}, "extend_seconds"),
+        ({"requeue_delay_seconds": 901}, "requeue_delay_seconds"),
     ]
     for bad, name in cases:
         with pytest.raises(ConfigurationError, match=name):

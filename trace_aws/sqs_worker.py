@@ -7,8 +7,12 @@ task and runs it under its lease. The message is deleted once the wrapper has
 finished with it, whatever the outcome: completed, failed, canceled, stale, or
 not claimed (``AlreadyRunning``, ``Completed``... the contract: do not run,
 delete). Only when the claim itself could not be made (the control plane is
-unreachable or refused the worker) is the message kept: it reappears after
-its visibility timeout and the claim is tried again, while the loop backs off.
+unreachable or refused the worker) is the wake-up kept: it is sent again as a
+new message, delayed by ``requeue_delay_seconds``, and the received one is
+deleted. A new message starts a new receive count, so wake-ups kept through a
+long outage do not reach the dead-letter queue (whose redrive policy counts
+receives); if the send fails, the received message is left to reappear after
+its visibility timeout.
 
 While a task runs, its message's visibility is extended every
 ``extend_seconds`` (``ChangeMessageVisibility`` to ``visibility_seconds``),
@@ -28,6 +32,7 @@ from __future__ import annotations
 
 import json
 import logging
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -35,7 +40,7 @@ from typing import TYPE_CHECKING
 import anyio
 
 from trace_aws.errors import AwsUnavailable
-from trace_aws.sqs import BATCH_LIMIT, call_sqs, parse_wakeup
+from trace_aws.sqs import BATCH_LIMIT, call_sqs, parse_wakeup, wakeup_body
 from trace_core.errors import ConfigurationError, InvalidInput, TraceError
 from trace_core.outage import LoopHealth
 from trace_core.worker import ControlPlaneRejected, ControlPlaneUnavailable, WorkerWrapper
@@ -51,10 +56,12 @@ log = logging.getLogger(__name__)
 MALFORMED = "malformed"
 """The outcome of a body that is not a wake-up (sent to the dead-letter queue)."""
 KEPT = "kept"
-"""The outcome of a wake-up whose claim could not be made (left for redelivery)."""
+"""The outcome of a wake-up whose claim could not be made (requeued, delayed)."""
 
 MAX_WAIT_SECONDS = 20
 """SQS's longest long-poll."""
+MAX_DELAY_SECONDS = 900
+"""SQS's longest message delay."""
 
 
 @dataclass(frozen=True)
@@ -63,8 +70,9 @@ class SqsWorkerSettings:
 
     ``visibility_seconds`` is what each extension sets the running task's
     message visibility to; ``extend_seconds`` (default a third of it) is how
-    often. ``concurrency`` is how many tasks run at once (and so the most
-    messages held invisible at a time).
+    often. ``requeue_delay_seconds`` delays a kept wake-up (module
+    docstring). ``concurrency`` is how many tasks run at once (and so the
+    most messages held invisible at a time).
     """
 
     queue_url: str
@@ -73,6 +81,7 @@ class SqsWorkerSettings:
     visibility_seconds: int = 60
     extend_seconds: float | None = None
     dead_letter_url: str | None = None
+    requeue_delay_seconds: int = 30
 
     def __post_init__(self) -> None:
         if not self.queue_url:
@@ -88,6 +97,10 @@ class SqsWorkerSettings:
             and not 0 < self.extend_seconds < self.visibility_seconds
         ):
             raise ConfigurationError("extend_seconds must be > 0 and below visibility_seconds")
+        if not 0 <= self.requeue_delay_seconds <= MAX_DELAY_SECONDS:
+            raise ConfigurationError(
+                f"requeue_delay_seconds must be within 0..{MAX_DELAY_SECONDS} (SQS's limit)"
+            )
 
     @property
     def extend_every(self) -> float:
@@ -275,6 +288,8 @@ class SqsWorker:
                 group.cancel_scope.cancel()
         if outcome != KEPT:
             await self._delete(receipt, f"task {task_id}")
+        else:
+            await self._requeue(message, task_id)
         log.info("task %s: %s", task_id, outcome)
         return outcome
 
@@ -298,6 +313,21 @@ class SqsWorker:
                 # fences a second worker.
                 log.warning("%s: visibility can no longer be extended: %s", what, exc)
                 return
+
+    async def _requeue(self, message: MessageTypeDef, task_id: uuid.UUID) -> None:
+        """Send the wake-up again as a new (delayed) message, then delete the received one."""
+        try:
+            await call_sqs(
+                "SendMessage",
+                self.client.send_message,
+                QueueUrl=self.settings.queue_url,
+                MessageBody=wakeup_body(task_id),
+                DelaySeconds=self.settings.requeue_delay_seconds,
+            )
+        except TraceError as exc:
+            log.warning("task %s: wake-up not requeued, it reappears later: %s", task_id, exc)
+            return
+        await self._delete(message["ReceiptHandle"], f"task {task_id}")
 
     async def _delete(self, receipt: str, what: str) -> None:
         try:
