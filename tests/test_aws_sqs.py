@@ -35,7 +35,7 @@ from tests.test_worker_wrapper import (
 from trace_aws.errors import AwsRequestFailed, AwsUnavailable
 from trace_aws.sqs import SqsWakeupQueue, parse_wakeup, sqs_client, wakeup_body
 from trace_aws.sqs_worker import SqsWorker, SqsWorkerSettings
-from trace_core.authoring.context import OperatorResult, TaskContext
+from trace_core.authoring.context import OperatorError, OperatorResult, TaskContext
 from trace_core.clock import ManualClock
 from trace_core.dag import parse_dag
 from trace_core.dispatcher.inprocess import InProcessWakeupQueue
@@ -396,6 +396,30 @@ async def test_duplicates_and_a_wakeup_for_a_completed_task_run_nothing_and_are_
     await SqsWakeupQueue(aws.sqs).send(UDF, [task_id])  # late, after completion
     assert await worker.poll_once() == 1
     assert worker.outcomes["Completed"] >= 1 and runs == ["ran"]
+    assert aws.counts(UDF) == (0, 0)
+
+
+async def test_failed_and_stale_attempts_delete_their_wakeups_too(aws: SqsPlatform) -> None:
+    async def crash(ctx: TaskContext) -> None:
+        raise OperatorError("boom", retryable=False)
+
+    failed_id = await wake(aws, "run-1")
+    worker = aws.worker(crash)
+    assert await worker.poll_once() == 1
+    assert worker.outcomes == {"failed": 1}
+    assert (await aws.platform.task(failed_id))["status"] == "Failed"
+    assert aws.counts(UDF) == (0, 0)
+
+    async def outlived(ctx: TaskContext) -> OperatorResult:
+        # The lease expires and another worker claims attempt 2 meanwhile.
+        await aws.platform.reclaim(ctx.task_id)
+        return OperatorResult(events=[aws.platform.partition(0, 9)])
+
+    stale_id = await wake(aws, "run-2")
+    worker = aws.worker(outlived)
+    assert await worker.poll_once() == 1
+    assert worker.outcomes == {"stale": 1}
+    assert await aws.platform.events_of(stale_id) == []  # the stale attempt wrote nothing
     assert aws.counts(UDF) == (0, 0)
 
 
