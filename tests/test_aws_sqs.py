@@ -7,7 +7,9 @@ failing), botocore's Stubber answers instead, for the error handling only.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
+import threading
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -15,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.from_thread
+import anyio.to_thread
 import pytest
 from botocore.stub import Stubber
 from moto import mock_aws
@@ -570,6 +573,57 @@ async def test_stop_ends_an_idle_loop(aws: SqsPlatform) -> None:
     with anyio.fail_after(WAIT):
         await worker.run()
     assert len(polls) == 3 and worker.outcomes == {}
+
+
+async def test_stop_abandons_a_long_poll_at_once(aws: SqsPlatform) -> None:
+    worker = aws.worker(lambda ctx: None)
+    polling, release = threading.Event(), threading.Event()
+
+    def long_poll(**_: Any) -> None:
+        """A receive that waits (in boto3's thread) until the test releases it."""
+        polling.set()
+        release.wait(WAIT)
+
+    aws.sqs.meta.events.register("provide-client-params.sqs.ReceiveMessage", long_poll)
+    try:
+        with anyio.fail_after(WAIT):
+            async with anyio.create_task_group() as group:
+                group.start_soon(worker.run)
+                assert await anyio.to_thread.run_sync(polling.wait, WAIT)
+                worker.stop()
+            # run() returned while the poll still waits.
+            assert not release.is_set()
+    finally:
+        release.set()
+
+
+async def test_never_more_messages_in_hand_than_free_slots(aws: SqsPlatform) -> None:
+    release, both_running = anyio.Event(), anyio.Event()
+    started: list[uuid.UUID] = []
+
+    async def follow(ctx: TaskContext) -> None:
+        started.append(ctx.task_id)
+        if len(started) == 2:
+            both_running.set()
+        await release.wait()
+
+    asked: list[int] = []
+    aws.sqs.meta.events.register(
+        "provide-client-params.sqs.ReceiveMessage",
+        lambda params, **_: asked.append(params["MaxNumberOfMessages"]),
+    )
+    for key in ("a", "b", "c"):
+        await wake(aws, key)
+    worker = aws.worker(follow, concurrency=2)
+    with anyio.fail_after(WAIT):
+        async with anyio.create_task_group() as group:
+            group.start_soon(functools.partial(worker.run, max_messages=3))
+            await both_running.wait()
+            assert aws.counts(UDF) == (1, 2)  # the third waits on the queue, not in hand
+            release.set()
+    assert worker.outcomes == {"completed": 3}
+    assert asked[0] == 2 and max(asked) <= 2
+    assert aws.counts(UDF) == (0, 0)
 
 
 def test_worker_settings_are_checked() -> None:
