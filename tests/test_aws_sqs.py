@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import logging
 import threading
 import uuid
 from collections.abc import Iterator
@@ -101,6 +102,18 @@ class NoWait:
 
     async def __call__(self, seconds: float) -> None:
         self.delays.append(seconds)
+
+
+class OnLog(logging.Handler):
+    """Sets ``event`` when a record containing ``text`` is logged (in the event loop)."""
+
+    def __init__(self, text: str, event: anyio.Event) -> None:
+        super().__init__(logging.DEBUG)
+        self.text, self.event = text, event
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.text in record.getMessage():
+            self.event.set()
 
 
 # --- the message body -------------------------------------------------------------
@@ -496,6 +509,48 @@ async def test_a_long_task_keeps_its_message_invisible_until_it_finishes(
     assert len(extended) == 2  # no extension after the task finished
     assert aws.counts(UDF) == (0, 0)
     assert (await aws.platform.task(task_id))["status"] == "Completed"
+
+
+async def test_a_throttled_extension_is_tried_again_and_an_invalid_receipt_ends_them(
+    aws: SqsPlatform,
+) -> None:
+    # Stubber: moto neither throttles nor invalidates a receipt on purpose.
+    client = sqs_client(REGION)
+    ticks = Ticker()
+    release = anyio.Event()
+
+    async def follow(ctx: TaskContext) -> None:
+        await release.wait()
+
+    task_id = await wake(aws)
+    wrapper = wrapper_for(aws.platform, follow)
+    settings = SqsWorkerSettings(URL, visibility_seconds=30, dead_letter_url=aws.dlq)
+    worker = SqsWorker(client, wrapper, settings, sleep=ticks.sleep)
+    message: Any = {"MessageId": "m-1", "ReceiptHandle": "r-1", "Body": wakeup_body(task_id)}
+    gave_up = anyio.Event()
+    handler = OnLog("visibility can no longer be extended", gave_up)
+    logger = logging.getLogger("trace_aws.sqs_worker")
+    logger.addHandler(handler)
+    with Stubber(client) as stub:
+        stub.add_client_error("change_message_visibility", "ThrottlingException")
+        stub.add_client_error("change_message_visibility", "ReceiptHandleIsInvalid")
+        stub.add_response("delete_message", {}, {"QueueUrl": URL, "ReceiptHandle": "r-1"})
+        try:
+            async with anyio.create_task_group() as group:
+                group.start_soon(worker.handle, message)
+                await ticks.wait_for_sleeps(1)
+                ticks.tick()  # throttled: tried again after the next sleep
+                await ticks.wait_for_sleeps(2)
+                ticks.tick()  # invalid receipt: no more extensions
+                with anyio.fail_after(WAIT):
+                    await gave_up.wait()
+                release.set()
+        finally:
+            ticks.close()
+            logger.removeHandler(handler)
+        stub.assert_no_pending_responses()
+    assert len(ticks.delays) == 2
+    assert worker.outcomes == {"completed": 1}
 
 
 async def test_a_dead_workers_wakeup_reappears_and_the_lease_decides(aws: SqsPlatform) -> None:
