@@ -160,9 +160,14 @@ class SqsWorker:
                 raise ConfigurationError(
                     f"queue {url}: no RedrivePolicy (set a dead-letter queue, or dead_letter_url)"
                 )
-            arn = str(json.loads(policy)["deadLetterTargetArn"])
-            # arn:aws:sqs:<region>:<account>:<name>
-            account, name = arn.split(":")[4:6]
+            try:
+                arn = str(json.loads(policy)["deadLetterTargetArn"])
+                # arn:aws:sqs:<region>:<account>:<name>
+                account, name = arn.split(":")[4:6]
+            except (ValueError, KeyError, TypeError):
+                raise ConfigurationError(
+                    f"queue {url}: RedrivePolicy has no valid deadLetterTargetArn"
+                ) from None
             found = await call_sqs(
                 "GetQueueUrl",
                 self.client.get_queue_url,
