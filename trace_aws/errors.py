@@ -24,7 +24,7 @@ from botocore.exceptions import (
 
 from trace_core.errors import TraceError
 
-__all__ = ["AwsRequestFailed", "AwsUnavailable", "aws_error", "error_code"]
+__all__ = ["AwsRequestFailed", "AwsUnavailable", "aws_error", "error_code", "is_transient"]
 
 # Codes AWS documents as throttling or transient; any 5xx is transient too.
 _TRANSIENT_CODES = frozenset(
@@ -44,6 +44,11 @@ _TRANSIENT_CODES = frozenset(
         "InternalFailure",
         "ServiceUnavailable",
         "IDPCommunicationError",
+        # KMS's own: its request-rate limit, internal errors, a dependency timing out
+        "LimitExceededException",
+        "KMSInternalException",
+        "DependencyTimeoutException",
+        "ServiceUnavailableException",
     }
 )
 
@@ -79,6 +84,12 @@ def _status(exc: ClientError) -> int | None:
     return status if isinstance(status, int) else None
 
 
+def is_transient(exc: ClientError) -> bool:
+    """Whether AWS says to try ``exc``'s request again later (throttled, a 5xx)."""
+    status = _status(exc)
+    return error_code(exc) in _TRANSIENT_CODES or (status is not None and status >= 500)
+
+
 def aws_error(operation: str, exc: ClientError | BotoCoreError) -> TraceError:
     """The Trace error for ``exc`` raised by AWS ``operation`` (raise it ``from None``).
 
@@ -87,7 +98,7 @@ def aws_error(operation: str, exc: ClientError | BotoCoreError) -> TraceError:
     """
     if isinstance(exc, ClientError):
         code, status = error_code(exc), _status(exc)
-        if code in _TRANSIENT_CODES or (status is not None and status >= 500):
+        if is_transient(exc):
             return AwsUnavailable(operation, code)
         return AwsRequestFailed(operation, code, status)
     if isinstance(

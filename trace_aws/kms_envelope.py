@@ -37,7 +37,8 @@ from botocore.exceptions import ClientError
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from trace_aws.kms_errors import KmsKeyUnusable, client_error_code, kms_call
+from trace_aws.errors import error_code
+from trace_aws.kms_errors import KmsKeyUnusable, kms_call
 from trace_core.errors import ConfigurationError, InvalidInput
 
 if TYPE_CHECKING:
@@ -181,7 +182,7 @@ class KmsKeyEncryption:
                     CiphertextBlob=blob, KeyId=key_arn, EncryptionContext=encryption_context
                 )
             except ClientError as exc:
-                if client_error_code(exc) in _UNOPENABLE_CODES:
+                if error_code(exc) in _UNOPENABLE_CODES:
                     raise _unopenable() from None
                 raise
         if len(envelope.ciphertext) <= _NONCE:
@@ -216,7 +217,7 @@ class KmsKeyEncryption:
                     DestinationEncryptionContext=encryption_context,
                 )
             except ClientError as exc:
-                if client_error_code(exc) in _UNOPENABLE_CODES:
+                if error_code(exc) in _UNOPENABLE_CODES:
                     raise _unopenable() from None
                 raise
         return Envelope(_wrap(self._current, response["CiphertextBlob"]), envelope.ciphertext)

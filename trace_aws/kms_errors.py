@@ -27,32 +27,16 @@ from contextlib import contextmanager
 from botocore.exceptions import BotoCoreError, ClientError, HTTPClientError, NoCredentialsError
 from botocore.exceptions import ConnectionError as BotoConnectionError
 
-from trace_core.errors import ConfigurationError, TraceError
+from trace_aws.errors import AwsRequestFailed, AwsUnavailable, error_code, is_transient
+from trace_core.errors import ConfigurationError
 
 __all__ = [
     "KmsKeyUnusable",
     "KmsRequestFailed",
     "KmsUnavailable",
-    "client_error_code",
     "kms_call",
 ]
 
-# Error codes AWS documents as retryable for KMS (and the generic AWS ones).
-_TRANSIENT_CODES = frozenset(
-    {
-        "ThrottlingException",
-        "Throttling",
-        "RequestLimitExceeded",
-        "LimitExceededException",
-        "KMSInternalException",
-        "DependencyTimeoutException",
-        "InternalFailure",
-        "ServiceUnavailable",
-        "ServiceUnavailableException",
-        "RequestTimeout",
-        "RequestTimeoutException",
-    }
-)
 # The key exists but is in a state (or has a usage) that refuses the operation.
 _KEY_CODES = frozenset(
     {
@@ -68,14 +52,12 @@ _KEY_CODES = frozenset(
 )
 
 
-class KmsUnavailable(TraceError):
+class KmsUnavailable(AwsUnavailable):
     """KMS did not answer or asked us to slow down; the same call may succeed later."""
 
     def __init__(self, operation: str, key_id: str, code: str) -> None:
-        super().__init__(f"KMS {operation} on key {key_id} is unavailable ({code}); retry later")
-        self.operation = operation
+        super().__init__(f"KMS {operation} on key {key_id}", code)
         self.key_id = key_id
-        self.code = code
 
 
 class KmsKeyUnusable(ConfigurationError):
@@ -91,20 +73,12 @@ class KmsKeyUnusable(ConfigurationError):
         self.code = code
 
 
-class KmsRequestFailed(TraceError):
+class KmsRequestFailed(AwsRequestFailed):
     """KMS refused the request for a reason not covered by the other two classes."""
 
     def __init__(self, operation: str, key_id: str, code: str) -> None:
-        super().__init__(f"KMS {operation} on key {key_id} failed ({code})")
-        self.operation = operation
+        super().__init__(f"KMS {operation} on key {key_id}", code)
         self.key_id = key_id
-        self.code = code
-
-
-def client_error_code(exc: ClientError) -> str:
-    """The AWS error code of ``exc`` (``UnknownError`` if it has none)."""
-    code = exc.response.get("Error", {}).get("Code")
-    return code if isinstance(code, str) and code else "UnknownError"
 
 
 @contextmanager
@@ -117,9 +91,8 @@ def kms_call(operation: str, key_id: str) -> Iterator[None]:
     try:
         yield
     except ClientError as exc:
-        code = client_error_code(exc)
-        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
-        if code in _TRANSIENT_CODES or (isinstance(status, int) and status >= 500):
+        code = error_code(exc)
+        if is_transient(exc):
             raise KmsUnavailable(operation, key_id, code) from None
         if code in _KEY_CODES:
             raise KmsKeyUnusable(operation, key_id, code) from None
