@@ -10,7 +10,8 @@ teardown together):
   with its backends) and the ones a test starts and reaps (a ``trace-lite``
   subprocess, a UDF child);
 - ``children``: ``cpu_children`` split by the descendants' command name
-  (``java``, ``postgres``, ``python`` …), to tell Spark from Postgres.
+  (``java``, ``postgres`` …), to tell Spark from Postgres; the CPU of the
+  subprocesses a test ran and waited for is ``exited``.
 
 Wall time on a shared two-core machine says little; the CPU is what the
 suite's wall time is made of when both cores are busy, so this is the figure
@@ -107,27 +108,32 @@ class ProcessTreeCpu:
     def delta(self, before: dict[int, _Stat], after: dict[int, _Stat]) -> dict[str, float]:
         """CPU seconds of the descendants between two snapshots, by command name.
 
-        A descendant that ran on goes under its name. What the descendants
-        that ended in between used goes under ``exited``: it shows up in their
-        parents' reaped share, less what they had used before the first
-        snapshot (counted then already).
+        A descendant's own CPU goes under its name. What its children used
+        and it reaped in between (a Postgres backend that ended, reaped by the
+        server) goes under its name too: the child is gone, its parent says
+        what it was. What the root reaped (a subprocess a test ran) goes under
+        ``exited``. A process that ended in between counted what it had used
+        before the first snapshot then already: that is taken off again where
+        it reappears, its parent's share.
         """
         by_name: dict[str, float] = defaultdict(float)
-        exited = 0
+
+        def reaped_by(pid: int, stat: _Stat) -> str:
+            return "exited" if pid == self._root else stat.name
+
         for pid, stat in after.items():
             old = before.get(pid)
-            exited += stat.reaped - (old.reaped if old is not None else 0)
-            if pid == self._root:
-                continue
-            spent = stat.own - (old.own if old is not None else 0)
-            if spent > 0:
-                by_name[stat.name] += spent / _TICKS
+            reaped = stat.reaped - (old.reaped if old is not None else 0)
+            own = 0 if pid == self._root else stat.own - (old.own if old is not None else 0)
+            by_name[reaped_by(pid, stat)] += reaped / _TICKS
+            if own:
+                by_name[stat.name] += own / _TICKS
         for pid, old in before.items():
             if pid not in after:
-                exited -= old.own + old.reaped
-        if exited > 0:
-            by_name["exited"] += exited / _TICKS
-        return dict(by_name)
+                parent = after.get(old.ppid)
+                label = "exited" if parent is None else reaped_by(old.ppid, parent)
+                by_name[label] -= (old.own + old.reaped) / _TICKS
+        return {name: value for name, value in by_name.items() if abs(value) >= 0.005}
 
 
 class CpuReportPlugin:
