@@ -19,6 +19,11 @@ to cut. With pytest-xdist each worker appends its records to
 ``PATH.parts/<worker>.jsonl`` as it goes (a hung run still leaves the tests
 that finished), and the controller merges them into ``PATH``, a JSON list.
 
+Not counted: a process that left the tree, such as the JVM of a test's
+subprocess that was killed or exited without waiting for it (reparented to
+init, its CPU is nobody's here). Measure such a test's whole tree from
+outside, e.g. under a child subreaper.
+
 ``python -m tests.cpu_report PATH`` prints the top 40 tests and the totals
 per file.
 """
