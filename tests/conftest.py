@@ -20,7 +20,7 @@ from trace_core.clock import ManualClock
 from trace_core.storage.migrate import upgrade
 from trace_core.storage.sql import SqlRepository
 
-pytest_plugins = ["tests.spark_fixtures"]
+pytest_plugins = ["tests.spark_fixtures", "tests.cpu_report"]
 
 ENGINES = ("sqlite", "postgres")
 

@@ -23,6 +23,7 @@ from typing import Any
 import anyio
 
 from tests.crash_dispatcher import die
+from tests.spark_fixtures import TEST_SPARK_CONFIG
 from trace_core.authoring.context import TaskContext
 from trace_core.authoring.operators import OperatorSpec
 from trace_core.dispatcher.reaper import ReaperConfig
@@ -60,7 +61,8 @@ def lite_config(config: dict[str, Any]) -> LiteConfig:
         data_dir=Path(config["data_dir"]),
         database_url=config["url"],
         workers=3,
-        spark=SparkConfig(master="local[1]"),
+        # The tests' JVM flags: this process's own JVM is a test JVM too.
+        spark=SparkConfig(master="local[1]", conf=dict(TEST_SPARK_CONFIG.conf)),
         dispatcher=DispatcherConfig(
             sources=SourceConfig(interval_seconds=0.2),
             reaper=ReaperConfig(interval_seconds=0.5),

@@ -27,6 +27,11 @@ from trace_lite.spark import DEFAULT_SPARK_CONF, SparkConfig, SparkSessionProvid
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+TEST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+"""JVM flags of every test Spark JVM: a test JVM runs many tiny jobs for a few
+minutes, so the C2 compiler's work never pays back (C1 only), and parallel GC
+threads only compete with the other test worker for the two cores."""
+
 TEST_SPARK_CONFIG = SparkConfig(
     master="local[2]",
     app_name="trace-tests",
@@ -37,6 +42,11 @@ TEST_SPARK_CONFIG = SparkConfig(
         # Expected failures (a test's failing write) log executor stack traces at
         # WARN; tests only want real errors on the console.
         "spark.log.level": "ERROR",
+        # (A query that must be cancelled has to be killable by Spark under C1:
+        # see the query-timeout test.)
+        "spark.driver.extraJavaOptions": DEFAULT_SPARK_CONF["spark.driver.extraJavaOptions"]
+        + " "
+        + TEST_JVM_OPTIONS,
     },
 )
 """The configuration of the tests' session: small and quiet."""

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.spark_fixtures import TEST_JVM_OPTIONS
+
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 SPEC = DOCS / "spec"
@@ -168,8 +170,16 @@ def run_example(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Ran
     def run(code: str) -> Ran:
         if code not in ran:
             cwd = tmp_path_factory.mktemp("example")
+            # An example that starts Spark gets the tests' JVM flags (the docs
+            # show the product's defaults; the JVM says so on stderr).
+            env = {**os.environ, "JAVA_TOOL_OPTIONS": TEST_JVM_OPTIONS}
             done = subprocess.run(
-                [sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, timeout=300
+                [sys.executable, "-c", code],
+                cwd=cwd,
+                capture_output=True,
+                text=True,
+                timeout=300,
+                env=env,
             )
             ran[code] = (done, cwd)
         return ran[code]

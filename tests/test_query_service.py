@@ -875,9 +875,14 @@ async def test_a_query_running_too_long_is_cancelled(
     async with anyio.create_task_group() as group:
         group.start_soon(tick)
         with pytest.raises(InvalidInput, match="longer than 2 s"):
+            # The shuffle (DISTRIBUTE BY) makes every streamed row pass a
+            # kill check. Without it the whole cross join is one generated loop
+            # that never polls its task's kill flag: Spark drops the cancelled
+            # job at once but its task runs on, holding an executor slot for
+            # minutes (under C1) and stalling the next Spark test.
             await quick.query(
                 claims,
-                "SELECT count(*) FROM (SELECT explode(sequence(1, 100000)) a) "
+                "SELECT count(*) FROM (SELECT explode(sequence(1, 100000)) a DISTRIBUTE BY a) "
                 "CROSS JOIN (SELECT explode(sequence(1, 100000)) b)",
                 limit=1,
             )
@@ -885,11 +890,16 @@ async def test_a_query_running_too_long_is_cancelled(
     assert time.monotonic() - started < 10
     assert ticks >= 20  # the event loop was not blocked while Spark ran
     tracker = spark_provider.get().sparkContext.statusTracker()
-    for _ in range(100):  # the interrupted jobs end within seconds
-        if not tracker.getActiveJobsIds():
+
+    def busy() -> bool:
+        running = sum(info.numRunningTasks for info in tracker.getExecutorInfos())
+        return bool(tracker.getActiveJobsIds()) or running > 0
+
+    for _ in range(100):  # the interrupted jobs and their tasks end within seconds
+        if not busy():
             break
         await anyio.sleep(0.2)
-    assert not tracker.getActiveJobsIds()
+    assert not busy()
     assert (await world.rows("SELECT count(*) FROM txs")) == [[4]]
 
 

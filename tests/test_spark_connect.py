@@ -22,6 +22,7 @@ import pyspark
 import pytest
 
 from tests.lite_pipeline import check_outputs, expected_alerts, small_dag, stored_alerts
+from tests.spark_fixtures import TEST_JVM_OPTIONS
 from trace_core.storage.sql import SqlRepository
 from trace_lite.buffered import table_name_of
 from trace_lite.status import dataset_statuses
@@ -64,6 +65,8 @@ def connect_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             "spark.connect.grpc.binding.address=127.0.0.1",
             "--conf",
             "spark.ui.enabled=false",
+            "--driver-java-options",
+            TEST_JVM_OPTIONS,
         ],
         stdout=log,
         stderr=subprocess.STDOUT,
