@@ -78,7 +78,10 @@ Errors quote Spark's message (its condition, and the query position) with
 every local path of the object store rewritten as its ``s3://`` URI; nothing
 but the query's own views is ever attached, so no message can name another
 dataset's location. A query running longer than ``timeout_seconds`` is
-interrupted (its Spark jobs cancelled) and answered 400.
+interrupted (its Spark jobs cancelled) and answered 400. Spark stops a
+cancelled task only where it polls its kill flag (between input rows and
+shuffle blocks); a plan that reads no input, e.g. a cross join of generated
+rows, runs its task to the end after the answer (docs/http-api.md).
 """
 
 from __future__ import annotations
