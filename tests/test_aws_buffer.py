@@ -20,7 +20,8 @@ import pytest
 
 from tests.test_aws_sqs import aws_env, drain  # noqa: F401  (fixture)
 from tests.test_aws_sqs import sqs as sqs  # the fixture
-from tests.test_buffered_sink import NOTE_A, NOTE_B, NOTES, Kit, kit  # noqa: F401  (fixture)
+from tests.test_buffered_sink import NOTE_A, NOTE_B, NOTES, Kit
+from tests.test_buffered_sink import kit as kit  # the fixture
 from trace_aws.sqs_buffer import (
     BufferMessage,
     SqsBufferSink,
@@ -89,12 +90,12 @@ def queues(sqs: SQSClient) -> Queues:
     return Queues(sqs)
 
 
-def buffer_of(kit: Kit, queues: Queues) -> SqsDatasetBuffer:  # noqa: F811
+def buffer_of(kit: Kit, queues: Queues) -> SqsDatasetBuffer:
     return SqsDatasetBuffer(queues.sqs, {kit.notes: queues.url})
 
 
 def sink_of(
-    kit: Kit,  # noqa: F811
+    kit: Kit,
     queues: Queues,
     *,
     client: Any = None,
@@ -109,7 +110,7 @@ def sink_of(
     )
 
 
-async def publish(kit: Kit, queues: Queues, records: Sequence[dict[str, Any]], **kw: Any) -> None:  # noqa: F811
+async def publish(kit: Kit, queues: Queues, records: Sequence[dict[str, Any]], **kw: Any) -> None:
     await buffer_of(kit, queues).publish(
         kit.notes,
         records,
@@ -127,7 +128,7 @@ def send_raw(queues: Queues, body: str) -> None:
 
 
 async def test_a_published_batch_is_one_message_in_the_contracts_shape(
-    kit: Kit,  # noqa: F811
+    kit: Kit,
     queues: Queues,
 ) -> None:
     await publish(kit, queues, [NOTE_A, NOTE_B])
@@ -204,7 +205,7 @@ def test_a_malformed_body_names_the_field(body: str, field: str, reason: str) ->
 # --- the sink -----------------------------------------------------------------------
 
 
-async def test_the_sink_writes_commits_emits_then_deletes(kit: Kit, queues: Queues) -> None:  # noqa: F811
+async def test_the_sink_writes_commits_emits_then_deletes(kit: Kit, queues: Queues) -> None:
     await publish(kit, queues, [NOTE_A, NOTE_B])
     report = await sink_of(kit, queues).run_once()
 
@@ -216,7 +217,7 @@ async def test_the_sink_writes_commits_emits_then_deletes(kit: Kit, queues: Queu
     assert queues.left() == 0
 
 
-async def test_a_republished_batch_adds_no_rows_and_no_event(kit: Kit, queues: Queues) -> None:  # noqa: F811
+async def test_a_republished_batch_adds_no_rows_and_no_event(kit: Kit, queues: Queues) -> None:
     await publish(kit, queues, [NOTE_A])
     await publish(kit, queues, [NOTE_A])  # the producer's retry: a new message
     report = await sink_of(kit, queues).run_once()
@@ -247,7 +248,7 @@ class GatewayCrashes:
 
 @pytest.mark.parametrize("crash_at", ["before-event", "before-delete"])
 async def test_a_crash_after_the_commit_redelivers_idempotently(
-    kit: Kit,  # noqa: F811
+    kit: Kit,
     queues: Queues,
     crash_at: str,
 ) -> None:
@@ -272,7 +273,7 @@ async def test_a_crash_after_the_commit_redelivers_idempotently(
     assert queues.left() == 0
 
 
-async def test_malformed_messages_go_to_the_dead_letter_queue(kit: Kit, queues: Queues) -> None:  # noqa: F811
+async def test_malformed_messages_go_to_the_dead_letter_queue(kit: Kit, queues: Queues) -> None:
     send_raw(queues, "not json")
     send_raw(queues, json.dumps({"dataset_uuid": str(kit.notes)}))
     await publish(kit, queues, [NOTE_A])  # a good message behind them
@@ -287,7 +288,7 @@ async def test_malformed_messages_go_to_the_dead_letter_queue(kit: Kit, queues: 
 
 
 async def test_a_schema_mismatch_is_dead_lettered_with_a_clear_error(
-    kit: Kit,  # noqa: F811
+    kit: Kit,
     queues: Queues,
 ) -> None:
     await publish(kit, queues, [NOTE_A], schema_hash="sha256:" + "0" * 64)
@@ -305,7 +306,7 @@ async def test_a_schema_mismatch_is_dead_lettered_with_a_clear_error(
 
 
 async def test_a_queue_without_a_dead_letter_queue_is_refused_before_receiving(
-    kit: Kit,  # noqa: F811
+    kit: Kit,
     queues: Queues,
 ) -> None:
     bare = queues.sqs.create_queue(QueueName="bare")["QueueUrl"]
@@ -320,7 +321,7 @@ async def test_a_queue_without_a_dead_letter_queue_is_refused_before_receiving(
         await sink.run_once()
 
 
-async def test_publishing_needs_the_datasets_queue(kit: Kit, queues: Queues) -> None:  # noqa: F811
+async def test_publishing_needs_the_datasets_queue(kit: Kit, queues: Queues) -> None:
     other = kit.deployed.datasets["other_notes"].dataset_uuid
     with pytest.raises(ConfigurationError, match=f"dataset {other}: no buffer queue"):
         await buffer_of(kit, queues).publish(
@@ -329,3 +330,11 @@ async def test_publishing_needs_the_datasets_queue(kit: Kit, queues: Queues) -> 
     queues.sqs.delete_queue(QueueUrl=queues.url)
     with pytest.raises(NotFound, match="SendMessage"):
         await publish(kit, queues, [NOTE_A])
+
+
+async def test_a_deleted_buffer_queue_is_not_found_for_the_sink(kit: Kit, queues: Queues) -> None:
+    sink = sink_of(kit, queues)
+    assert (await sink.run_once()).batches == 0  # the queue works, and is empty
+    queues.sqs.delete_queue(QueueUrl=queues.url)
+    with pytest.raises(NotFound, match="ReceiveMessage"):
+        await sink.run_once()
