@@ -30,7 +30,6 @@ redrive policy moves it after ``maxReceiveCount`` receives.
 
 from __future__ import annotations
 
-import json
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
@@ -41,6 +40,7 @@ import anyio
 
 from trace_aws.errors import AwsUnavailable
 from trace_aws.sqs import BATCH_LIMIT, call_sqs, parse_wakeup, wakeup_body
+from trace_aws.sqs_dead_letter import DeadLetterQueue
 from trace_core.errors import ConfigurationError, InvalidInput, TraceError
 from trace_core.outage import LoopHealth
 from trace_core.worker import ControlPlaneRejected, ControlPlaneUnavailable, WorkerWrapper
@@ -135,47 +135,16 @@ class SqsWorker:
             unavailable=(AwsUnavailable, ControlPlaneUnavailable),
         )
         self.outcomes: dict[str, int] = {}
-        self._dead_letter_url = settings.dead_letter_url
+        self._dead_letters = DeadLetterQueue(client, settings.queue_url, settings.dead_letter_url)
         self._running = 0
         self._slot_freed = anyio.Event()
         self._stopping = False
         self._idle = anyio.CancelScope()
 
     async def dead_letter_url(self) -> str:
-        """The dead-letter queue's URL: configured, or from the queue's redrive policy.
-
-        A queue without one is a :class:`ConfigurationError` naming the queue:
-        a poison message must have somewhere to go.
-        """
-        if self._dead_letter_url is None:
-            url = self.settings.queue_url
-            answer = await call_sqs(
-                "GetQueueAttributes",
-                self.client.get_queue_attributes,
-                QueueUrl=url,
-                AttributeNames=["RedrivePolicy"],
-            )
-            policy = answer.get("Attributes", {}).get("RedrivePolicy")
-            if not policy:
-                raise ConfigurationError(
-                    f"queue {url}: no RedrivePolicy (set a dead-letter queue, or dead_letter_url)"
-                )
-            try:
-                arn = str(json.loads(policy)["deadLetterTargetArn"])
-                # arn:aws:sqs:<region>:<account>:<name>
-                account, name = arn.split(":")[4:6]
-            except (ValueError, KeyError, TypeError):
-                raise ConfigurationError(
-                    f"queue {url}: RedrivePolicy has no valid deadLetterTargetArn"
-                ) from None
-            found = await call_sqs(
-                "GetQueueUrl",
-                self.client.get_queue_url,
-                QueueName=name,
-                QueueOwnerAWSAccountId=account,
-            )
-            self._dead_letter_url = found["QueueUrl"]
-        return self._dead_letter_url
+        """The dead-letter queue's URL: configured, or from the queue's redrive policy
+        (a :class:`ConfigurationError` naming the queue if it has none)."""
+        return await self._dead_letters.url()
 
     async def receive(self, max_messages: int) -> list[MessageTypeDef]:
         """One long-poll for up to ``max_messages`` (at most ten) wake-ups."""
@@ -347,27 +316,4 @@ class SqsWorker:
             log.warning("%s: wake-up not deleted (it will be redelivered): %s", what, exc)
 
     async def _dead_letter(self, message: MessageTypeDef, reason: str) -> None:
-        message_id = message.get("MessageId", "?")
-        try:
-            await call_sqs(
-                "SendMessage",
-                self.client.send_message,
-                QueueUrl=await self.dead_letter_url(),
-                MessageBody=message.get("Body") or "(empty)",
-                MessageAttributes={
-                    "trace-error": {"DataType": "String", "StringValue": reason},
-                    "trace-source-queue": {
-                        "DataType": "String",
-                        "StringValue": self.settings.queue_url,
-                    },
-                },
-            )
-        except TraceError as exc:
-            log.error(
-                "message %s is malformed (%s); not dead-lettered: %s", message_id, reason, exc
-            )
-            return
-        log.warning(
-            "message %s is malformed (%s): moved to the dead-letter queue", message_id, reason
-        )
-        await self._delete(message["ReceiptHandle"], f"message {message_id}")
+        await self._dead_letters.move(message, reason)

@@ -57,8 +57,10 @@ from trace_core.storage.url import parse_database_url
 
 __all__ = [
     "BufferSink",
+    "CheckedBatch",
     "DataDatabase",
     "RecordSchema",
+    "RecordWriter",
     "SinkConfig",
     "SinkReport",
     "SqlDatasetBuffer",
@@ -287,6 +289,86 @@ class _Pending:
     producer: OutputVersion | None = field(default=None)
 
 
+@dataclass(frozen=True)
+class CheckedBatch:
+    """A published batch that passed :meth:`RecordWriter.check`: its rows, ready to insert."""
+
+    producer: OutputVersion
+    table: sa.Table
+    values: list[dict[str, Any]]
+
+
+class RecordWriter:
+    """Checks a published batch and writes its records into the dataset's table.
+
+    What every sink of buffered datasets does with one batch, whatever its
+    buffer (the table here, an SQS queue in the aws profile): the producer's
+    org and dataset version come from the state database, the records must
+    match a known :class:`RecordSchema`, and the insert ignores rows whose
+    ``(org_id, dedupe_key)`` is already there, so a batch written twice adds
+    nothing.
+    """
+
+    def __init__(
+        self,
+        data: DataDatabase,
+        state: SqlRepository,
+        schemas: Sequence[RecordSchema],
+        *,
+        clock: Clock | None = None,
+    ) -> None:
+        self.data = data
+        self.state = state
+        self.clock = clock or SystemClock()
+        self.schemas = {s.schema_hash: s for s in schemas}
+        self._producers: dict[tuple[uuid.UUID, uuid.UUID], OutputVersion | None] = {}
+
+    async def check(
+        self,
+        dataset_uuid: uuid.UUID,
+        schema_hash: str,
+        records: object,
+        producer_task_id: uuid.UUID,
+    ) -> CheckedBatch:
+        """The batch's rows; :class:`InvalidInput` naming the field that is wrong."""
+        producer = await self.producer(producer_task_id, dataset_uuid)
+        schema_ = self.schemas.get(schema_hash)
+        if schema_ is None:
+            raise InvalidInput("schema_hash", f"{schema_hash!r} is not a known schema")
+        if not isinstance(records, list):
+            raise InvalidInput("records", "must be a list")
+        org = str(producer.org_id)
+        now = self.clock.now()
+        values = [
+            {**schema_.check(r, org, f"records[{i}]"), "created_at": now}
+            for i, r in enumerate(records)
+        ]
+        return CheckedBatch(producer, schema_.table(table_name_of(producer.location)), values)
+
+    async def insert(self, conn: AsyncConnection, batch: CheckedBatch) -> int:
+        """Insert the batch's rows in ``conn``'s transaction (creating the table
+        if needed); how many were new."""
+        await self.data.ensure_table(conn, batch.table)
+        if not batch.values:
+            return 0
+        # RETURNING counts what was inserted on both engines (an executemany
+        # rowcount is not reliable across drivers).
+        stmt = self.data.insert_ignoring_duplicates(batch.table).returning(batch.table.c.dedupe_key)
+        return len((await conn.execute(stmt, batch.values)).all())
+
+    async def producer(self, task_id: uuid.UUID, dataset: uuid.UUID) -> OutputVersion:
+        """The producing job's org and its DAG version's pointer to ``dataset``;
+        :class:`InvalidInput` if the task does not produce ``dataset``."""
+        key = (task_id, dataset)
+        if key not in self._producers:
+            async with self.state.read() as tx:
+                self._producers[key] = await tx.status.output_version(task_id, dataset)
+        found = self._producers[key]
+        if found is None:
+            raise InvalidInput("dataset_uuid", f"{dataset} is not an output of task {task_id}")
+        return found
+
+
 class BufferSink(PeriodicService):
     """Drains :class:`SqlDatasetBuffer` into the datasets' tables (module docstring)."""
 
@@ -306,8 +388,7 @@ class BufferSink(PeriodicService):
         self.state = state
         self.clock = clock or SystemClock()
         self.gateway = gateway or EventGateway(state, clock=self.clock)
-        self.schemas = {s.schema_hash: s for s in schemas}
-        self._producers: dict[tuple[uuid.UUID, uuid.UUID], OutputVersion | None] = {}
+        self.writer = RecordWriter(data, state, schemas, clock=self.clock)
 
     async def run_once(self) -> SinkReport:
         """Write pending batches, then emit the events of written ones."""
@@ -340,44 +421,30 @@ class BufferSink(PeriodicService):
     async def _write(self, batch: _Pending, report: SinkReport) -> None:
         b = buffer_batches
         try:
-            producer = await self._producer(batch.producer_task_id, batch.dataset_uuid)
-            schema_ = self.schemas.get(batch.schema_hash)
-            if schema_ is None:
-                raise InvalidInput("schema_hash", f"{batch.schema_hash!r} is not a known schema")
-            if not isinstance(batch.records, list):
-                raise InvalidInput("records", "must be a list")
-            org = str(producer.org_id)
-            now = self.clock.now()
-            values = [
-                {**schema_.check(r, org, f"records[{i}]"), "created_at": now}
-                for i, r in enumerate(batch.records)
-            ]
+            checked = await self.writer.check(
+                batch.dataset_uuid, batch.schema_hash, batch.records, batch.producer_task_id
+            )
         except InvalidInput as exc:
             async with self.data.engine.begin() as conn:
                 await conn.execute(sa.update(b).where(b.c.id == batch.id).values(error=str(exc)))
             log.warning("buffer batch %s refused: %s", batch.id, exc)
             report.dead += 1
             return
-        table = schema_.table(table_name_of(producer.location))
         async with self.data.engine.begin() as conn:
-            await self.data.ensure_table(conn, table)
-            inserted = 0
-            if values:
-                # RETURNING counts what was inserted on both engines (an
-                # executemany rowcount is not reliable across drivers).
-                stmt = self.data.insert_ignoring_duplicates(table).returning(table.c.dedupe_key)
-                inserted = len((await conn.execute(stmt, values)).all())
+            inserted = await self.writer.insert(conn, checked)
             await conn.execute(
-                sa.update(b).where(b.c.id == batch.id).values(written_at=now, rows_written=inserted)
+                sa.update(b)
+                .where(b.c.id == batch.id)
+                .values(written_at=self.clock.now(), rows_written=inserted)
             )
-        batch.rows_written, batch.producer = inserted, producer
+        batch.rows_written, batch.producer = inserted, checked.producer
         report.batches += 1
         report.rows_written += inserted
-        report.duplicates += len(values) - inserted
+        report.duplicates += len(checked.values) - inserted
 
     async def _emit(self, batch: _Pending, report: SinkReport) -> None:
         if batch.rows_written:
-            producer = batch.producer or await self._producer(
+            producer = batch.producer or await self.writer.producer(
                 batch.producer_task_id, batch.dataset_uuid
             )
             event = DatasetEvent(batch.dataset_uuid, producer.dataset_version, cursor=batch.id)
@@ -385,18 +452,3 @@ class BufferSink(PeriodicService):
             report.events += 1
         async with self.data.engine.begin() as conn:
             await conn.execute(sa.delete(buffer_batches).where(buffer_batches.c.id == batch.id))
-
-    async def _producer(self, task_id: uuid.UUID, dataset: uuid.UUID) -> OutputVersion:
-        """The producing job's org and its DAG version's pointer to ``dataset``;
-        :class:`InvalidInput` if the task does not produce ``dataset``."""
-        key = (task_id, dataset)
-        if key not in self._producers:
-            self._producers[key] = await self._lookup(task_id, dataset)
-        found = self._producers[key]
-        if found is None:
-            raise InvalidInput("dataset_uuid", f"{dataset} is not an output of task {task_id}")
-        return found
-
-    async def _lookup(self, task_id: uuid.UUID, dataset: uuid.UUID) -> OutputVersion | None:
-        async with self.state.read() as tx:
-            return await tx.status.output_version(task_id, dataset)

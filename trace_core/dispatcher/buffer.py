@@ -8,9 +8,10 @@ credentials; ``POST /v1/task/buffer-publish`` hands their records to a
 :class:`DatasetBuffer`, after checking the task's capability and that the
 dataset is one of the task's ``postgres_table`` outputs.
 
-In the aws profile the buffer is an SQS queue per dataset; the real buffer
-and its sink come with the Spark pipeline. :class:`InMemoryDatasetBuffer`
-keeps the published batches in memory for the lite profile and for tests.
+In the aws profile the buffer is an SQS queue per dataset
+(``trace_aws.sqs_buffer``); the lite profile's is a table of its data database
+(``trace_lite.buffered``). :class:`InMemoryDatasetBuffer` keeps the published
+batches in memory for tests.
 """
 
 from __future__ import annotations
