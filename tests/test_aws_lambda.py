@@ -188,6 +188,10 @@ async def test_a_payload_over_lambdas_limit_is_refused_before_any_request(
     payload = {"task_id": "t", "config": {"x": "a" * MAX_EVENT_PAYLOAD}}
     with pytest.raises(InvalidInput, match="payload"):
         await LambdaTaskInvoker(client).invoke(FUNCTION, payload)
+    with pytest.raises(InvalidInput, match="over the 100 bytes"):
+        await LambdaTaskInvoker(client, max_payload_bytes=100).invoke(FUNCTION, {"x": "a" * 100})
+    with pytest.raises(ConfigurationError, match="max_payload_bytes"):
+        LambdaTaskInvoker(client, max_payload_bytes=0)
 
 
 # --- the handler against a real Dispatcher over HTTP ------------------------------------

@@ -37,7 +37,9 @@ __all__ = ["MAX_EVENT_PAYLOAD", "LambdaTaskInvoker", "call_lambda", "lambda_clie
 log = logging.getLogger(__name__)
 
 MAX_EVENT_PAYLOAD = 256 * 1024
-"""Bytes of an asynchronous invocation's payload Lambda accepts (256 KiB)."""
+"""Bytes of an asynchronous invocation's payload the invoker sends by default
+(256 KiB, Lambda's long-standing limit; raise ``max_payload_bytes`` where the
+account's limit is higher)."""
 
 T = TypeVar("T")
 
@@ -76,12 +78,22 @@ class LambdaTaskInvoker:
     """Invokes functions asynchronously with the full task payload.
 
     ``qualifier`` (a version or alias, e.g. ``live``) is passed on every call
-    when given, so the checked configuration is the one invoked.
+    when given, so the checked configuration is the one invoked. A payload over
+    ``max_payload_bytes`` is refused before any request.
     """
 
-    def __init__(self, client: LambdaClient, *, qualifier: str | None = None) -> None:
+    def __init__(
+        self,
+        client: LambdaClient,
+        *,
+        qualifier: str | None = None,
+        max_payload_bytes: int = MAX_EVENT_PAYLOAD,
+    ) -> None:
+        if max_payload_bytes <= 0:
+            raise ConfigurationError("LambdaTaskInvoker.max_payload_bytes must be > 0")
         self.client = client
         self.qualifier = qualifier
+        self.max_payload_bytes = max_payload_bytes
 
     def _qualified(self) -> dict[str, str]:
         return {"Qualifier": self.qualifier} if self.qualifier else {}
@@ -132,11 +144,11 @@ class LambdaTaskInvoker:
         :class:`~trace_aws.errors.AwsRequestFailed`, :class:`NotFound`, or
         :class:`InvalidInput` for a payload over Lambda's limit."""
         body = json.dumps(payload, separators=(",", ":")).encode()
-        if len(body) > MAX_EVENT_PAYLOAD:
+        if len(body) > self.max_payload_bytes:
             raise InvalidInput(
                 "payload",
                 f"{len(body)} bytes for task {payload.get('task_id')}, over the "
-                f"{MAX_EVENT_PAYLOAD} bytes Lambda accepts for an asynchronous invocation",
+                f"{self.max_payload_bytes} bytes allowed for an asynchronous invocation",
             )
         answer = await call_lambda(
             "Invoke",
