@@ -24,10 +24,13 @@ import pytest
 from botocore.stub import Stubber
 from moto import mock_aws
 
+import trace_aws.lambda_handler
 from tests.test_aws_sqs import aws_env
+from tests.test_udf_isolation import serving
 from tests.test_worker_wrapper import DEPLOYED, Platform, Ticker, wait_for, wrapper_for
 from trace_aws.errors import AwsRequestFailed, AwsUnavailable
 from trace_aws.lambda_handler import (
+    EnvironmentSecrets,
     LambdaHandlerSettings,
     handler,
     load_registry,
@@ -38,6 +41,7 @@ from trace_aws.lambda_handler import (
 from trace_aws.lambda_invoker import MAX_EVENT_PAYLOAD, LambdaTaskInvoker, lambda_client
 from trace_core.api import create_app
 from trace_core.authoring.context import OperatorResult, TaskContext
+from trace_core.authoring.operators import OperatorRegistry, OperatorSpec
 from trace_core.clock import ManualClock
 from trace_core.dag import parse_dag
 from trace_core.dispatcher.inprocess import InProcessWakeupQueue
@@ -438,3 +442,50 @@ def test_the_entry_point_refuses_to_run_without_its_settings(
         monkeypatch.delenv(name, raising=False)
     with pytest.raises(ConfigurationError, match="TRACE_API_URL"):
         handler({"task_id": str(uuid.UUID(int=3))}, None)
+
+
+def test_secrets_come_from_the_environment_but_never_platform_variables() -> None:
+    env = {"API_KEY": "k", "AWS_SECRET_ACCESS_KEY": "role-key", "TRACE_INTERNAL_TOKEN": TOKEN}
+    secrets = EnvironmentSecrets(env)
+    names = ["API_KEY", "AWS_SECRET_ACCESS_KEY", "TRACE_INTERNAL_TOKEN", "ABSENT"]
+    assert secrets.secrets_for(names, {}) == {"API_KEY": "k"}
+    assert "k" not in repr(secrets).replace("Secrets", "")
+
+
+def _entry_follow(ctx: TaskContext) -> OperatorResult:
+    """The operator the entry-point test's function runs (synchronous, in a thread)."""
+    return OperatorResult(outputs=[{"key": ctx.secrets["API_KEY"], "attempt": ctx.attempt}])
+
+
+ENTRY_OPERATORS = OperatorRegistry(
+    [OperatorSpec("follow", _entry_follow, source=True), OperatorSpec("double", _entry_follow)]
+)
+
+
+@dataclass
+class FakeContext:
+    """The two attributes of Lambda's context object the handler reads."""
+
+    function_name: str = FUNCTION
+    aws_request_id: str = "req-entry"
+
+
+async def test_the_entry_point_runs_the_invocation_against_the_api_over_loopback(
+    lp: LambdaPlatform, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    event = await lp.trigger()
+    app = create_app(lp.platform.dispatcher, internal_token=TOKEN)
+    monkeypatch.setattr(trace_aws.lambda_handler, "_registry", None)
+    monkeypatch.setenv("TRACE_INTERNAL_TOKEN", TOKEN)
+    monkeypatch.setenv("TRACE_OPERATORS", "tests.test_aws_lambda:ENTRY_OPERATORS")
+    monkeypatch.setenv("API_KEY", "k-env")
+    async with serving(app) as url:
+        monkeypatch.setenv("TRACE_API_URL", url)
+        # Lambda calls the handler synchronously; it runs its own event loop.
+        got = await anyio.to_thread.run_sync(handler, event, FakeContext())
+    task_id = uuid.UUID(event["task_id"])
+    assert got == {"task_id": str(task_id), "outcome": "completed"}
+    row = await lp.platform.task(task_id)
+    assert row["status"] == "Completed"
+    assert row["outputs"] == [{"key": "k-env", "attempt": 1}]
+    assert row["worker_id"] == f"lambda:{FUNCTION}:req-entry"

@@ -31,7 +31,9 @@ in an encrypted environment variable or fetch it from Secrets Manager into
 the environment), ``TRACE_OPERATORS`` (``module:attribute`` of an
 ``OperatorRegistry`` or a factory of one), and optionally
 ``TRACE_LAMBDA_TIMEOUT_SECONDS`` (bounds the operator; keep it below the
-function's timeout so a failure is still reported).
+function's timeout so a failure is still reported). The secrets a job
+declares are read from the same environment (:class:`EnvironmentSecrets`),
+never the platform's ``TRACE_*`` nor the runtime's ``AWS_*`` variables.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ import importlib
 import logging
 import os
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,6 +53,7 @@ from trace_core.errors import ConfigurationError, InvalidInput
 from trace_core.worker import HttpControlPlaneClient, RetryingClient, WorkerWrapper
 
 __all__ = [
+    "EnvironmentSecrets",
     "LambdaHandlerSettings",
     "handler",
     "load_registry",
@@ -101,6 +104,33 @@ class LambdaHandlerSettings:
             values["TRACE_OPERATORS"],
             timeout,
         )
+
+
+_PLATFORM_PREFIXES = ("TRACE_", "AWS_")
+
+
+class EnvironmentSecrets:
+    """A job's declared secrets from the function's environment (where Lambda
+    puts its encrypted environment variables).
+
+    ``TRACE_*`` (the internal token) and ``AWS_*`` (the execution role's
+    session credentials Lambda sets) are never handed to an operator, whatever
+    a job declares.
+    """
+
+    def __init__(self, env: Mapping[str, str] | None = None) -> None:
+        self._env = os.environ if env is None else env
+
+    def secrets_for(self, names: Sequence[str], task: Mapping[str, Any]) -> Mapping[str, str]:
+        """The values of ``names`` the environment holds (platform names left out)."""
+        return {
+            n: self._env[n]
+            for n in names
+            if n in self._env and not n.startswith(_PLATFORM_PREFIXES)
+        }
+
+    def __repr__(self) -> str:
+        return "EnvironmentSecrets()"  # never the values
 
 
 def load_registry(reference: str) -> OperatorRegistry:
@@ -165,7 +195,11 @@ def _settings_wrapper(
         http = HttpControlPlaneClient(settings.api_url, settings.internal_token)
         client = RetryingClient(http, max_elapsed_seconds=60.0)
         wrapper = WorkerWrapper(
-            client, registry, worker_id=worker_id, timeout_seconds=settings.timeout_seconds
+            client,
+            registry,
+            worker_id=worker_id,
+            timeout_seconds=settings.timeout_seconds,
+            secrets=EnvironmentSecrets(),
         )
         return wrapper, http.aclose
 
