@@ -33,7 +33,6 @@ from trace_aws.lambda_handler import (
     EnvironmentSecrets,
     LambdaHandlerSettings,
     handler,
-    load_registry,
     parse_invocation,
     run_invocation,
     worker_id_for,
@@ -41,7 +40,7 @@ from trace_aws.lambda_handler import (
 from trace_aws.lambda_invoker import MAX_EVENT_PAYLOAD, LambdaTaskInvoker, lambda_client
 from trace_core.api import create_app
 from trace_core.authoring.context import OperatorResult, TaskContext
-from trace_core.authoring.operators import OperatorRegistry, OperatorSpec
+from trace_core.authoring.operators import OperatorRegistry, OperatorSpec, load_registry
 from trace_core.clock import ManualClock
 from trace_core.dag import parse_dag
 from trace_core.dispatcher.inprocess import InProcessWakeupQueue
@@ -418,7 +417,7 @@ def test_settings_are_read_and_the_token_is_not_in_the_repr() -> None:
     settings = LambdaHandlerSettings.from_env(env)
     assert (settings.api_url, settings.timeout_seconds) == ("https://trace.internal", 30.0)
     assert TOKEN not in repr(settings)
-    assert load_registry(settings.operators).names() == DEPLOYED.names()
+    assert load_registry(settings.operators, "TRACE_OPERATORS").names() == DEPLOYED.names()
 
 
 @pytest.mark.parametrize(
@@ -431,8 +430,9 @@ def test_settings_are_read_and_the_token_is_not_in_the_repr() -> None:
     ids=["no-attribute", "no-module", "not-a-registry"],
 )
 def test_a_bad_operators_reference_is_a_configuration_error(reference: str, message: str) -> None:
-    with pytest.raises(ConfigurationError, match=message):
-        load_registry(reference)
+    with pytest.raises(ConfigurationError, match=message) as caught:
+        load_registry(reference, "TRACE_OPERATORS")
+    assert str(caught.value).startswith(f"TRACE_OPERATORS {reference!r}")
 
 
 def test_the_entry_point_refuses_to_run_without_its_settings(

@@ -38,7 +38,6 @@ never the platform's ``TRACE_*`` nor the runtime's ``AWS_*`` variables.
 
 from __future__ import annotations
 
-import importlib
 import logging
 import os
 import uuid
@@ -48,7 +47,7 @@ from typing import Any
 
 import anyio
 
-from trace_core.authoring.operators import OperatorRegistry
+from trace_core.authoring.operators import OperatorRegistry, load_registry
 from trace_core.errors import ConfigurationError, InvalidInput
 from trace_core.worker import HttpControlPlaneClient, RetryingClient, WorkerWrapper
 
@@ -56,7 +55,6 @@ __all__ = [
     "EnvironmentSecrets",
     "LambdaHandlerSettings",
     "handler",
-    "load_registry",
     "parse_invocation",
     "run_invocation",
     "worker_id_for",
@@ -133,26 +131,6 @@ class EnvironmentSecrets:
         return "EnvironmentSecrets()"  # never the values
 
 
-def load_registry(reference: str) -> OperatorRegistry:
-    """The registry named by ``module:attribute`` (an instance or a factory).
-
-    The lite profile's loader (``trace_lite.serve.load_operators``) lives in a
-    module that imports the state database's migrations; a function without
-    database access must not load those, hence this small copy of its rule.
-    """
-    module_name, _, attribute = reference.partition(":")
-    if not module_name or not attribute:
-        raise ConfigurationError(f"TRACE_OPERATORS {reference!r}: expected 'module:attribute'")
-    try:
-        found = getattr(importlib.import_module(module_name), attribute)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigurationError(f"TRACE_OPERATORS {reference!r}: {exc}") from None
-    registry = found() if callable(found) and not isinstance(found, OperatorRegistry) else found
-    if not isinstance(registry, OperatorRegistry):
-        raise ConfigurationError(f"TRACE_OPERATORS {reference!r} is not an OperatorRegistry")
-    return registry
-
-
 def parse_invocation(event: Any) -> uuid.UUID:
     """The task id of an invocation event; :class:`InvalidInput` naming the field."""
     if not isinstance(event, Mapping):
@@ -218,7 +196,7 @@ def handler(event: Any, context: Any) -> dict[str, str]:
     global _registry
     settings = LambdaHandlerSettings.from_env()
     if _registry is None:  # once per execution environment
-        _registry = load_registry(settings.operators)
+        _registry = load_registry(settings.operators, "TRACE_OPERATORS")
     build = _settings_wrapper(settings, _registry)
     worker_id = worker_id_for(
         str(getattr(context, "function_name", "function")),
