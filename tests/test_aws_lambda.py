@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import io
 import json
+import subprocess
+import sys
 import uuid
 import zipfile
 from collections.abc import AsyncIterator, Iterator
@@ -489,3 +491,17 @@ async def test_the_entry_point_runs_the_invocation_against_the_api_over_loopback
     assert row["status"] == "Completed"
     assert row["outputs"] == [{"key": "k-env", "attempt": 1}]
     assert row["worker_id"] == f"lambda:{FUNCTION}:req-entry"
+
+
+def test_the_handler_loads_no_database_code() -> None:
+    """The function's image needs no state-database driver and no control-plane code."""
+    probe = (
+        "import sys, trace_aws.lambda_handler\n"
+        "bad = ('sqlalchemy', 'alembic', 'asyncpg', 'psycopg', 'aiosqlite', 'trace_lite',\n"
+        "       'trace_core.storage', 'trace_core.dispatcher', 'trace_core.api')\n"
+        "print(sorted(m for m in sys.modules if m.startswith(bad)))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert done.stdout.strip() == "[]", done.stdout
