@@ -40,7 +40,6 @@ log (a line per request) is on only at ``--log-level debug``.
 
 from __future__ import annotations
 
-import importlib
 import os
 import stat
 from collections.abc import Mapping
@@ -49,7 +48,7 @@ from pathlib import Path
 
 import anyio
 
-from trace_core.authoring.operators import OperatorRegistry
+from trace_core.authoring.operators import OperatorRegistry, load_registry
 from trace_core.clock import Clock, SystemClock
 from trace_core.errors import ConfigurationError, TraceError
 from trace_core.security.jwks import KeyRing
@@ -158,17 +157,7 @@ def load_operators(reference: str | None) -> OperatorRegistry:
     """The registry named by ``module:attribute`` (an instance or a factory)."""
     if reference is None:
         return OperatorRegistry()
-    module_name, _, attribute = reference.partition(":")
-    if not module_name or not attribute:
-        raise ConfigurationError(f"--operators {reference!r}: expected 'module:attribute'")
-    try:
-        found = getattr(importlib.import_module(module_name), attribute)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigurationError(f"--operators {reference!r}: {exc}") from None
-    registry = found() if callable(found) and not isinstance(found, OperatorRegistry) else found
-    if not isinstance(registry, OperatorRegistry):
-        raise ConfigurationError(f"--operators {reference!r} is not an OperatorRegistry")
-    return registry
+    return load_registry(reference, "--operators")
 
 
 def open_signing_keys(data_dir: str | os.PathLike[str], clock: Clock) -> KeyRing:

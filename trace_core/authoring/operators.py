@@ -8,13 +8,14 @@ executor that runs them (threads, Spark) is the runtime's business.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from trace_core.errors import ConfigurationError
 
-__all__ = ["OperatorRegistry", "OperatorSpec"]
+__all__ = ["OperatorRegistry", "OperatorSpec", "load_registry"]
 
 
 @dataclass(frozen=True)
@@ -57,3 +58,20 @@ class OperatorRegistry:
 
     def __contains__(self, name: object) -> bool:
         return name in self._operators
+
+
+def load_registry(reference: str, source: str) -> OperatorRegistry:
+    """The registry named by ``module:attribute`` (an instance or a factory of one);
+    a :class:`ConfigurationError` naming ``source`` (the option or variable the
+    reference came from) otherwise."""
+    module_name, _, attribute = reference.partition(":")
+    if not module_name or not attribute:
+        raise ConfigurationError(f"{source} {reference!r}: expected 'module:attribute'")
+    try:
+        found = getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigurationError(f"{source} {reference!r}: {exc}") from None
+    registry = found() if callable(found) and not isinstance(found, OperatorRegistry) else found
+    if not isinstance(registry, OperatorRegistry):
+        raise ConfigurationError(f"{source} {reference!r} is not an OperatorRegistry")
+    return registry
