@@ -2,11 +2,32 @@
 
 from __future__ import annotations
 
+import json
 import os
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
+from typing import IO, Any
 
+import anyio
+import boto3
+import httpx
 import pytest
+from moto.server import ThreadedMotoServer
 
+from tests.e2e_operators import RELEASE
+from tests.test_e2e_http import (
+    ROOT,
+    STREAM,
+    _deploy,
+    _free_port,
+    _tasks,
+    _until,
+    processes,  # noqa: F401 (a fixture)
+)
 from trace_aws.settings import SERVE_REQUIRED, WORKER_REQUIRED, AwsSettings, load_settings
 from trace_core.errors import ConfigurationError
 
@@ -141,3 +162,153 @@ def test_the_defaults() -> None:
     settings = load_settings({"TRACE_AWS_REGION": "us-east-1"})
     assert settings == AwsSettings(region="us-east-1")
     assert (settings.host, settings.port) == ("127.0.0.1", 8000)
+
+
+# --- ``serve`` and ``worker`` as OS processes on moto's server and Postgres --------
+
+REGION = "us-east-1"
+FAKE_AWS = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_SESSION_TOKEN": "testing",
+    "AWS_DEFAULT_REGION": REGION,
+}
+Process = tuple[subprocess.Popen[bytes], IO[bytes]]
+
+
+@pytest.fixture
+def moto_endpoint(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """moto's threaded server on a free loopback port (fake credentials only)."""
+    for name, value in FAKE_AWS.items():
+        monkeypatch.setenv(name, value)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        server.stop()
+
+
+def _aws_resources(endpoint: str) -> tuple[str, str]:
+    """A signing key and the platform queue with its DLQ: (key id, queue URL)."""
+    kms = boto3.client("kms", region_name=REGION, endpoint_url=endpoint)
+    key = kms.create_key(KeySpec="ECC_NIST_P256", KeyUsage="SIGN_VERIFY")["KeyMetadata"]["KeyId"]
+    sqs = boto3.client("sqs", region_name=REGION, endpoint_url=endpoint)
+    dlq = sqs.create_queue(QueueName="trace-dlq")["QueueUrl"]
+    arn = sqs.get_queue_attributes(QueueUrl=dlq, AttributeNames=["QueueArn"])["Attributes"]
+    redrive = json.dumps({"deadLetterTargetArn": arn["QueueArn"], "maxReceiveCount": "5"})
+    queue = sqs.create_queue(QueueName=STREAM, Attributes={"RedrivePolicy": redrive})["QueueUrl"]
+    return key, queue
+
+
+def _spawn_aws(args: list[str], env: dict[str, str], log: Path) -> Process:
+    out = log.open("wb")
+    command = [sys.executable, "-m", "trace_aws.cli", *args]
+    full_env = {**os.environ, **FAKE_AWS, **env, "PYTHONPATH": str(ROOT)}
+    process = subprocess.Popen(
+        command, env=full_env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT
+    )
+    return process, out
+
+
+def _queue_counts(endpoint: str, queue: str) -> tuple[int, int]:
+    sqs = boto3.client("sqs", region_name=REGION, endpoint_url=endpoint)
+    names: Any = ["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"]
+    got = sqs.get_queue_attributes(QueueUrl=queue, AttributeNames=names)["Attributes"]
+    return int(got[names[0]]), int(got[names[1]])
+
+
+@pytest.mark.parametrize("engine", ["postgres"])
+def test_a_triggered_task_is_woken_over_sqs_and_completed_by_the_worker_process(
+    database_url: str,
+    tmp_path: Path,
+    moto_endpoint: str,
+    processes: list[Process],  # noqa: F811 (the fixture imported above)
+) -> None:
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    (markers / RELEASE).touch()  # the gate operator completes at once
+    anyio.run(_deploy, database_url, markers)
+    key, queue = _aws_resources(moto_endpoint)
+    port = _free_port()
+    base = f"http://127.0.0.1:{port}"
+    env = {
+        "TRACE_AWS_REGION": REGION,
+        "TRACE_AWS_ENDPOINT_URL": moto_endpoint,
+        "TRACE_AWS_SIGNING_KEY": key,
+        "TRACE_AWS_ROLE_ARN": "arn:aws:iam::123456789012:role/trace-task",
+        "TRACE_DATABASE_URL": database_url,
+        "TRACE_INTERNAL_TOKEN": TOKEN,
+        "TRACE_BIND": f"127.0.0.1:{port}",
+        "TRACE_AWS_WORKER_QUEUE": queue,
+        "TRACE_API_URL": base,
+    }
+    operators = ("--operators", "tests.e2e_operators:OPERATORS")
+    serve_log, worker_log = tmp_path / "serve.log", tmp_path / "worker.log"
+    server = _spawn_aws(["--log-level", "warning", "serve", *operators], env, serve_log)
+    processes.append(server)
+
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+
+    def ready() -> bool | None:
+        assert server[0].poll() is None, "serve exited:\n" + serve_log.read_text()
+        try:
+            answer = httpx.get(f"{base}/readyz", headers=auth, timeout=5)
+            last.append(answer.text)
+            return answer.status_code == 200 or None
+        except httpx.TransportError:
+            return None
+
+    last: list[str] = []
+    try:
+        _until("the server to be ready", ready, timeout=60)
+    except AssertionError:
+        raise AssertionError(f"not ready: {last[-1:]}\n{serve_log.read_text()}") from None
+    worker = _spawn_aws(["worker", "--wait-seconds", "1", *operators], env, worker_log)
+    processes.append(worker)
+
+    created = httpx.post(
+        f"{base}/internal/trigger", json={"job": "e2e/work", "key": "k1"}, headers=auth, timeout=10
+    )
+    assert created.status_code == 200, created.text
+    task_id = uuid.UUID(created.json()["task_id"])
+
+    def completed() -> dict[str, Any] | None:
+        assert worker[0].poll() is None, "worker exited:\n" + worker_log.read_text()
+        task = anyio.run(_tasks, database_url).get(task_id)
+        return task if task is not None and task["status"] == "Completed" else None
+
+    done = _until("the worker process to complete the task", completed)
+    assert done["attempt"] == 1
+    # The worker process ran it (the gate records its pid), and deleted the wake-up.
+    assert int((markers / f"done-{task_id}-1").read_text()) == worker[0].pid
+    _until(
+        "the wake-up to be deleted", lambda: _queue_counts(moto_endpoint, queue) == (0, 0) or None
+    )
+
+    # SIGTERM stops both cleanly: the worker exits 0; uvicorn shuts the server
+    # down (the Dispatcher's services stopped) and then re-raises the signal.
+    for process, _ in (worker, server):
+        process.send_signal(signal.SIGTERM)
+    assert worker[0].wait(timeout=30) == 0, worker_log.read_text()
+    assert "stopped" in worker_log.read_text()
+    assert server[0].wait(timeout=30) == -signal.SIGTERM, serve_log.read_text()
+    assert "Traceback" not in serve_log.read_text()
+
+
+def test_serve_with_a_missing_setting_exits_2_naming_it(tmp_path: Path) -> None:
+    env = {k: v for k, v in SERVE_ENV.items() if k != "TRACE_AWS_ROLE_ARN"}
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("TRACE_")}
+    result = subprocess.run(
+        [sys.executable, "-m", "trace_aws.cli", "serve"],
+        env={**clean, **env, "PYTHONPATH": str(ROOT)},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert "trace-aws serve: TRACE_AWS_ROLE_ARN: missing" in result.stderr
+    assert "secret-pw" not in result.stderr
