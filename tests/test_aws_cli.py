@@ -36,6 +36,7 @@ SERVE_ENV = {
     "TRACE_AWS_REGION": "us-east-1",
     "TRACE_AWS_SIGNING_KEY": "alias/trace-signing",
     "TRACE_AWS_ROLE_ARN": "arn:aws:iam::123456789012:role/trace-task",
+    "TRACE_AWS_BUCKET": "trace-data",
     "TRACE_DATABASE_URL": "postgresql+psycopg://trace:secret-pw@localhost/trace",
     "TRACE_INTERNAL_TOKEN": TOKEN,
 }
@@ -53,7 +54,6 @@ def test_serve_settings_from_the_environment_are_typed() -> None:
         "TRACE_AWS_ENDPOINT_URL": "http://127.0.0.1:5000",
         "TRACE_AWS_QUEUE_URLS": "trace-ecs-platform=http://q/1, trace-ecs-udf=http://q/2",
         "TRACE_BIND": "0.0.0.0:8081",
-        "TRACE_AWS_BUCKET": "trace-data",
     }
     settings = load_settings(env, required=SERVE_REQUIRED)
     assert settings.region == "us-east-1"
@@ -113,7 +113,7 @@ def test_settings_from_a_file_and_the_environment_wins(tmp_path: Path) -> None:
     file = write(
         tmp_path / "trace.env",
         "# the fleet's settings\n\n"
-        + "".join(f"{k}={v}\n" for k, v in SERVE_ENV.items())
+        + "".join(f"{k}={v}\n" for k, v in SERVE_ENV.items() if k != "TRACE_AWS_BUCKET")
         + 'TRACE_AWS_BUCKET="trace-data"\n',
     )
     settings = load_settings({"TRACE_AWS_REGION": "eu-west-1"}, file, required=SERVE_REQUIRED)
@@ -238,6 +238,7 @@ def test_a_triggered_task_is_woken_over_sqs_and_completed_by_the_worker_process(
         "TRACE_AWS_ENDPOINT_URL": moto_endpoint,
         "TRACE_AWS_SIGNING_KEY": key,
         "TRACE_AWS_ROLE_ARN": "arn:aws:iam::123456789012:role/trace-task",
+        "TRACE_AWS_BUCKET": "trace-data",
         "TRACE_DATABASE_URL": database_url,
         "TRACE_INTERNAL_TOKEN": TOKEN,
         "TRACE_BIND": f"127.0.0.1:{port}",

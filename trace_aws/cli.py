@@ -144,11 +144,13 @@ async def _serve(
     from trace_core.storage.sql import SqlRepository
 
     assert settings.database_url is not None and settings.role_arn is not None
-    assert settings.internal_token is not None
+    assert settings.internal_token is not None and settings.bucket is not None
     clock = SystemClock()
     verifier = TokenVerifier(ring, TOKEN_ISSUER, TOKEN_AUDIENCE, clock)
-    root = DispatcherConfig().storage_root
-    root = root if root.endswith("/") else root + "/"
+    # Datasets and scratch live in the configured bucket: scopes (and so the
+    # STS session policies) name its prefixes.
+    config = DispatcherConfig(storage_root=f"s3://{settings.bucket}/")
+    root = config.storage_root
     minter = StsCredentialMinter(
         settings.role_arn, region=settings.region, endpoint_url=settings.endpoint_url
     )
@@ -164,7 +166,12 @@ async def _serve(
             verifier=verifier,
         )
         dispatcher = Dispatcher(
-            repo, operators=operators, clock=clock, wakeups=wakeups, capabilities=capabilities
+            repo,
+            operators=operators,
+            clock=clock,
+            config=config,
+            wakeups=wakeups,
+            capabilities=capabilities,
         )
         failures: list[BaseException] = []
 

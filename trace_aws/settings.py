@@ -16,7 +16,7 @@ file and line when it came from a file; the internal token is never quoted.
 ``TRACE_AWS_SIGNING_KEY``  KMS key (id, ARN or alias) that signs capability tokens
 ``TRACE_AWS_DATA_KEY``     KMS key for envelope encryption of stored credentials
 ``TRACE_AWS_ROLE_ARN``     the task role STS assumes for minted credentials
-``TRACE_AWS_BUCKET``       the data bucket
+``TRACE_AWS_BUCKET``       the data bucket; the storage root is ``s3://<bucket>/``
 ``TRACE_DATABASE_URL``     the state database (``postgresql+psycopg://...``)
 ``TRACE_INTERNAL_TOKEN``   the internal API token (a file holding it must be 0600)
 ``TRACE_BIND``             ``host:port`` ``trace-aws serve`` listens on
@@ -71,7 +71,7 @@ SETTINGS: Final = (
     BIND,
     API_URL,
 )
-SERVE_REQUIRED: Final = (REGION, SIGNING_KEY, ROLE_ARN, DATABASE_URL, INTERNAL_TOKEN)
+SERVE_REQUIRED: Final = (REGION, SIGNING_KEY, ROLE_ARN, BUCKET, DATABASE_URL, INTERNAL_TOKEN)
 """What ``trace-aws serve`` cannot start without."""
 WORKER_REQUIRED: Final = (REGION, WORKER_QUEUE, INTERNAL_TOKEN, API_URL)
 """What ``trace-aws worker`` cannot start without."""
