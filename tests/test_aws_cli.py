@@ -313,3 +313,37 @@ def test_serve_with_a_missing_setting_exits_2_naming_it(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert "trace-aws serve: TRACE_AWS_ROLE_ARN: missing" in result.stderr
     assert "secret-pw" not in result.stderr
+
+
+def test_a_signing_key_kms_cannot_sign_with_is_refused_naming_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from moto import mock_aws
+
+    from trace_aws.cli import signing_ring
+
+    for name, value in FAKE_AWS.items():
+        monkeypatch.setenv(name, value)
+    with mock_aws():
+        kms = boto3.client("kms", region_name=REGION)
+        key = kms.create_key(KeySpec="SYMMETRIC_DEFAULT")["KeyMetadata"]["KeyId"]
+        settings = load_settings({**SERVE_ENV, "TRACE_AWS_SIGNING_KEY": key})
+        with pytest.raises(ConfigurationError, match=key):
+            signing_ring(settings)
+
+
+def test_worker_options_out_of_range_exit_2_naming_them(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from trace_aws.cli import main
+
+    env = {
+        "TRACE_AWS_REGION": REGION,
+        "TRACE_AWS_WORKER_QUEUE": "http://127.0.0.1:1/123456789012/q",
+        "TRACE_API_URL": "http://127.0.0.1:1",
+        "TRACE_INTERNAL_TOKEN": TOKEN,
+    }
+    assert main(["worker", "--wait-seconds", "30"], env) == 2
+    err = capsys.readouterr().err
+    assert "trace-aws worker: worker options: wait_seconds must be within 0..20" in err
+    assert TOKEN not in err
