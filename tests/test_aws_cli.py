@@ -347,3 +347,25 @@ def test_worker_options_out_of_range_exit_2_naming_them(
     err = capsys.readouterr().err
     assert "trace-aws worker: worker options: wait_seconds must be within 0..20" in err
     assert TOKEN not in err
+
+
+def test_a_worker_on_a_missing_queue_exits_1_naming_it(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from moto import mock_aws
+
+    from trace_aws.cli import main
+
+    for name, value in FAKE_AWS.items():
+        monkeypatch.setenv(name, value)
+    env = {
+        "TRACE_AWS_REGION": REGION,
+        "TRACE_AWS_WORKER_QUEUE": "https://sqs.us-east-1.amazonaws.com/123456789012/absent",
+        "TRACE_API_URL": "http://127.0.0.1:1",
+        "TRACE_INTERNAL_TOKEN": TOKEN,
+    }
+    with mock_aws():
+        assert main(["worker", "--wait-seconds", "0"], env) == 1
+    err = capsys.readouterr().err
+    assert "trace-aws worker: sqs GetQueueAttributes: the queue does not exist" in err
+    assert "Traceback" not in err

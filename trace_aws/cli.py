@@ -225,7 +225,11 @@ def worker(settings: AwsSettings, args: argparse.Namespace) -> int:
     except ConfigurationError as exc:
         raise ConfigurationError(f"worker options: {exc}") from None
     operators = _operators(args.operators)
-    anyio.run(_work, settings, loop, operators, args.worker_id)
+    try:
+        anyio.run(_work, settings, loop, operators, args.worker_id)
+    except* TraceError as failed:
+        # Raised inside the worker's task group, so it arrives wrapped in a group.
+        raise failed.exceptions[0] from None
     return 0
 
 
