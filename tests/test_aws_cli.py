@@ -28,6 +28,7 @@ from tests.test_e2e_http import (
     _until,
     processes,  # noqa: F401 (a fixture)
 )
+from trace_aws.kms import KmsSigner, kms_client
 from trace_aws.settings import SERVE_REQUIRED, WORKER_REQUIRED, AwsSettings, load_settings
 from trace_core.errors import ConfigurationError
 
@@ -284,6 +285,10 @@ def test_a_triggered_task_is_woken_over_sqs_and_completed_by_the_worker_process(
     assert done["attempt"] == 1
     # The worker process ran it (the gate records its pid), and deleted the wake-up.
     assert int((markers / f"done-{task_id}-1").read_text()) == worker[0].pid
+    # Its capability token was signed by the KMS key: the JWKS publishes exactly that key.
+    signer = KmsSigner.load(kms_client(REGION, moto_endpoint), key)
+    jwks = httpx.get(f"{base}/internal/jwks/task", headers=auth, timeout=10).json()
+    assert [k["kid"] for k in jwks["keys"]] == [signer.kid]
     _until(
         "the wake-up to be deleted", lambda: _queue_counts(moto_endpoint, queue) == (0, 0) or None
     )
