@@ -1,0 +1,376 @@
+"""``trace-aws``: its settings; ``serve`` and ``worker`` as processes on moto and Postgres."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+import anyio
+import boto3
+import httpx
+import pytest
+from moto.server import ThreadedMotoServer
+
+from tests.e2e_operators import RELEASE
+from tests.test_e2e_http import (
+    ROOT,
+    STREAM,
+    _deploy,
+    _free_port,
+    _tasks,
+    _until,
+    processes,  # noqa: F401 (a fixture)
+)
+from trace_aws.kms import KmsSigner, kms_client
+from trace_aws.settings import SERVE_REQUIRED, WORKER_REQUIRED, AwsSettings, load_settings
+from trace_core.errors import ConfigurationError
+
+TOKEN = "internal-token-for-tests-0123456789"
+SERVE_ENV = {
+    "TRACE_AWS_REGION": "us-east-1",
+    "TRACE_AWS_SIGNING_KEY": "alias/trace-signing",
+    "TRACE_AWS_ROLE_ARN": "arn:aws:iam::123456789012:role/trace-task",
+    "TRACE_AWS_BUCKET": "trace-data",
+    "TRACE_DATABASE_URL": "postgresql+psycopg://trace:secret-pw@localhost/trace",
+    "TRACE_INTERNAL_TOKEN": TOKEN,
+}
+
+
+def write(path: Path, text: str, mode: int = 0o600) -> Path:
+    path.write_text(text)
+    os.chmod(path, mode)
+    return path
+
+
+def test_serve_settings_from_the_environment_are_typed() -> None:
+    env = {
+        **SERVE_ENV,
+        "TRACE_AWS_ENDPOINT_URL": "http://127.0.0.1:5000",
+        "TRACE_AWS_QUEUE_URLS": "trace-ecs-platform=http://q/1, trace-ecs-udf=http://q/2",
+        "TRACE_BIND": "0.0.0.0:8081",
+    }
+    settings = load_settings(env, required=SERVE_REQUIRED)
+    assert settings.region == "us-east-1"
+    assert settings.endpoint_url == "http://127.0.0.1:5000"
+    assert settings.queue_urls == {
+        "trace-ecs-platform": "http://q/1",
+        "trace-ecs-udf": "http://q/2",
+    }
+    assert (settings.host, settings.port) == ("0.0.0.0", 8081)
+    assert settings.bucket == "trace-data"
+    assert settings.internal_token == TOKEN
+    assert TOKEN not in repr(settings)
+
+
+@pytest.mark.parametrize("missing", SERVE_REQUIRED)
+def test_a_missing_setting_is_named(missing: str) -> None:
+    env = {k: v for k, v in SERVE_ENV.items() if k != missing}
+    with pytest.raises(ConfigurationError, match=f"^{missing}: missing"):
+        load_settings(env, required=SERVE_REQUIRED)
+
+
+def test_the_worker_needs_its_queue_and_the_api() -> None:
+    with pytest.raises(ConfigurationError, match="TRACE_AWS_WORKER_QUEUE: missing"):
+        load_settings({"TRACE_AWS_REGION": "us-east-1"}, required=WORKER_REQUIRED)
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "reason"),
+    [
+        ("TRACE_AWS_REGION", "Europe", "not an AWS region"),
+        ("TRACE_AWS_ENDPOINT_URL", "localhost:5000", "not a URL"),
+        ("TRACE_AWS_QUEUE_URLS", "trace-ecs-platform", "is not name=url"),
+        ("TRACE_AWS_ROLE_ARN", "trace-task", "not an IAM role ARN"),
+        ("TRACE_AWS_SIGNING_KEY", "key with spaces", "not a KMS key"),
+        ("TRACE_AWS_BUCKET", "Not_A_Bucket", "not an S3 bucket name"),
+        ("TRACE_DATABASE_URL", "sqlite:///x.db", "runs on Postgres"),
+        ("TRACE_INTERNAL_TOKEN", "short", ""),
+        ("TRACE_BIND", "8000", "not host:port"),
+    ],
+)
+def test_a_wrong_setting_is_named_with_the_reason(name: str, value: str, reason: str) -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        load_settings({**SERVE_ENV, name: value}, required=SERVE_REQUIRED)
+    message = str(caught.value)
+    assert message.startswith(f"{name} (environment {name}): ")
+    assert reason in message
+
+
+def test_a_database_url_is_never_echoed() -> None:
+    url = "mysql://trace:secret-pw@db/trace"
+    with pytest.raises(ConfigurationError) as caught:
+        load_settings({**SERVE_ENV, "TRACE_DATABASE_URL": url}, required=SERVE_REQUIRED)
+    assert "secret-pw" not in str(caught.value)
+
+
+def test_settings_from_a_file_and_the_environment_wins(tmp_path: Path) -> None:
+    file = write(
+        tmp_path / "trace.env",
+        "# the fleet's settings\n\n"
+        + "".join(f"{k}={v}\n" for k, v in SERVE_ENV.items() if k != "TRACE_AWS_BUCKET")
+        + 'TRACE_AWS_BUCKET="trace-data"\n',
+    )
+    settings = load_settings({"TRACE_AWS_REGION": "eu-west-1"}, file, required=SERVE_REQUIRED)
+    assert settings.region == "eu-west-1"
+    assert settings.bucket == "trace-data"
+    assert settings.role_arn == SERVE_ENV["TRACE_AWS_ROLE_ARN"]
+
+
+def test_a_wrong_setting_in_a_file_names_the_file_and_line(tmp_path: Path) -> None:
+    file = write(tmp_path / "trace.env", "# comment\nTRACE_AWS_REGION=us-east-1\nTRACE_BIND=nope\n")
+    with pytest.raises(ConfigurationError, match=f"^TRACE_BIND \\({file}:3\\): 'nope' is not"):
+        load_settings({}, file)
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ("TRACE_AWS_REGION\n", ":1: expected NAME=value"),
+        ("TRACE_REGION=us-east-1\n", ":1: unknown setting 'TRACE_REGION'"),
+        (
+            "TRACE_AWS_REGION=us-east-1\nTRACE_AWS_REGION=eu-west-1\n",
+            ":2: TRACE_AWS_REGION is set twice",
+        ),
+    ],
+    ids=["no-equals", "unknown", "twice"],
+)
+def test_a_malformed_file_names_the_line(tmp_path: Path, text: str, reason: str) -> None:
+    file = write(tmp_path / "trace.env", text)
+    with pytest.raises(ConfigurationError, match=f"^{file}{reason}"):
+        load_settings({}, file)
+
+
+def test_a_token_in_a_file_others_can_read_is_refused(tmp_path: Path) -> None:
+    file = write(tmp_path / "trace.env", f"TRACE_INTERNAL_TOKEN={TOKEN}\n", mode=0o644)
+    with pytest.raises(ConfigurationError, match="chmod 600") as caught:
+        load_settings({"TRACE_AWS_REGION": "us-east-1"}, file)
+    assert TOKEN not in str(caught.value)
+
+
+def test_a_missing_file_is_named(tmp_path: Path) -> None:
+    with pytest.raises(ConfigurationError, match=r"settings file .*absent\.env: No such file"):
+        load_settings({}, tmp_path / "absent.env")
+
+
+def test_the_defaults() -> None:
+    settings = load_settings({"TRACE_AWS_REGION": "us-east-1"})
+    assert settings == AwsSettings(region="us-east-1")
+    assert (settings.host, settings.port) == ("127.0.0.1", 8000)
+
+
+# --- ``serve`` and ``worker`` as OS processes on moto's server and Postgres --------
+
+REGION = "us-east-1"
+FAKE_AWS = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_SESSION_TOKEN": "testing",
+    "AWS_DEFAULT_REGION": REGION,
+}
+Process = tuple[subprocess.Popen[bytes], IO[bytes]]
+
+
+@pytest.fixture
+def moto_endpoint(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """moto's threaded server on a free loopback port (fake credentials only)."""
+    for name, value in FAKE_AWS.items():
+        monkeypatch.setenv(name, value)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        server.stop()
+
+
+def _aws_resources(endpoint: str) -> tuple[str, str]:
+    """A signing key and the platform queue with its DLQ: (key id, queue URL)."""
+    kms = boto3.client("kms", region_name=REGION, endpoint_url=endpoint)
+    key = kms.create_key(KeySpec="ECC_NIST_P256", KeyUsage="SIGN_VERIFY")["KeyMetadata"]["KeyId"]
+    sqs = boto3.client("sqs", region_name=REGION, endpoint_url=endpoint)
+    dlq = sqs.create_queue(QueueName="trace-dlq")["QueueUrl"]
+    arn = sqs.get_queue_attributes(QueueUrl=dlq, AttributeNames=["QueueArn"])["Attributes"]
+    redrive = json.dumps({"deadLetterTargetArn": arn["QueueArn"], "maxReceiveCount": "5"})
+    queue = sqs.create_queue(QueueName=STREAM, Attributes={"RedrivePolicy": redrive})["QueueUrl"]
+    return key, queue
+
+
+def _spawn_aws(args: list[str], env: dict[str, str], log: Path) -> Process:
+    out = log.open("wb")
+    command = [sys.executable, "-m", "trace_aws.cli", *args]
+    full_env = {**os.environ, **FAKE_AWS, **env, "PYTHONPATH": str(ROOT)}
+    process = subprocess.Popen(
+        command, env=full_env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT
+    )
+    return process, out
+
+
+def _queue_counts(endpoint: str, queue: str) -> tuple[int, int]:
+    sqs = boto3.client("sqs", region_name=REGION, endpoint_url=endpoint)
+    names: Any = ["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"]
+    got = sqs.get_queue_attributes(QueueUrl=queue, AttributeNames=names)["Attributes"]
+    return int(got[names[0]]), int(got[names[1]])
+
+
+@pytest.mark.parametrize("engine", ["postgres"])
+def test_a_triggered_task_is_woken_over_sqs_and_completed_by_the_worker_process(
+    database_url: str,
+    tmp_path: Path,
+    moto_endpoint: str,
+    processes: list[Process],  # noqa: F811 (the fixture imported above)
+) -> None:
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    (markers / RELEASE).touch()  # the gate operator completes at once
+    anyio.run(_deploy, database_url, markers)
+    key, queue = _aws_resources(moto_endpoint)
+    port = _free_port()
+    base = f"http://127.0.0.1:{port}"
+    env = {
+        "TRACE_AWS_REGION": REGION,
+        "TRACE_AWS_ENDPOINT_URL": moto_endpoint,
+        "TRACE_AWS_SIGNING_KEY": key,
+        "TRACE_AWS_ROLE_ARN": "arn:aws:iam::123456789012:role/trace-task",
+        "TRACE_AWS_BUCKET": "trace-data",
+        "TRACE_DATABASE_URL": database_url,
+        "TRACE_INTERNAL_TOKEN": TOKEN,
+        "TRACE_BIND": f"127.0.0.1:{port}",
+        "TRACE_AWS_WORKER_QUEUE": queue,
+        "TRACE_API_URL": base,
+    }
+    operators = ("--operators", "tests.e2e_operators:OPERATORS")
+    serve_log, worker_log = tmp_path / "serve.log", tmp_path / "worker.log"
+    server = _spawn_aws(["--log-level", "warning", "serve", *operators], env, serve_log)
+    processes.append(server)
+
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+
+    def ready() -> bool | None:
+        assert server[0].poll() is None, "serve exited:\n" + serve_log.read_text()
+        try:
+            answer = httpx.get(f"{base}/readyz", headers=auth, timeout=5)
+            last.append(answer.text)
+            return answer.status_code == 200 or None
+        except httpx.TransportError:
+            return None
+
+    last: list[str] = []
+    try:
+        _until("the server to be ready", ready, timeout=60)
+    except AssertionError:
+        raise AssertionError(f"not ready: {last[-1:]}\n{serve_log.read_text()}") from None
+    worker = _spawn_aws(["worker", "--wait-seconds", "1", *operators], env, worker_log)
+    processes.append(worker)
+
+    created = httpx.post(
+        f"{base}/internal/trigger", json={"job": "e2e/work", "key": "k1"}, headers=auth, timeout=10
+    )
+    assert created.status_code == 200, created.text
+    task_id = uuid.UUID(created.json()["task_id"])
+
+    def completed() -> dict[str, Any] | None:
+        assert worker[0].poll() is None, "worker exited:\n" + worker_log.read_text()
+        task = anyio.run(_tasks, database_url).get(task_id)
+        return task if task is not None and task["status"] == "Completed" else None
+
+    done = _until("the worker process to complete the task", completed)
+    assert done["attempt"] == 1
+    # The worker process ran it (the gate records its pid), and deleted the wake-up.
+    assert int((markers / f"done-{task_id}-1").read_text()) == worker[0].pid
+    # Its capability token was signed by the KMS key: the JWKS publishes exactly that key.
+    signer = KmsSigner.load(kms_client(REGION, moto_endpoint), key)
+    jwks = httpx.get(f"{base}/internal/jwks/task", headers=auth, timeout=10).json()
+    assert [k["kid"] for k in jwks["keys"]] == [signer.kid]
+    _until(
+        "the wake-up to be deleted", lambda: _queue_counts(moto_endpoint, queue) == (0, 0) or None
+    )
+
+    # SIGTERM stops both cleanly: the worker exits 0; uvicorn shuts the server
+    # down (the Dispatcher's services stopped) and then re-raises the signal.
+    for process, _ in (worker, server):
+        process.send_signal(signal.SIGTERM)
+    assert worker[0].wait(timeout=30) == 0, worker_log.read_text()
+    assert "stopped" in worker_log.read_text()
+    assert server[0].wait(timeout=30) == -signal.SIGTERM, serve_log.read_text()
+    assert "Traceback" not in serve_log.read_text()
+
+
+def test_serve_with_a_missing_setting_exits_2_naming_it(tmp_path: Path) -> None:
+    env = {k: v for k, v in SERVE_ENV.items() if k != "TRACE_AWS_ROLE_ARN"}
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("TRACE_")}
+    result = subprocess.run(
+        [sys.executable, "-m", "trace_aws.cli", "serve"],
+        env={**clean, **env, "PYTHONPATH": str(ROOT)},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert "trace-aws serve: TRACE_AWS_ROLE_ARN: missing" in result.stderr
+    assert "secret-pw" not in result.stderr
+
+
+def test_a_signing_key_kms_cannot_sign_with_is_refused_naming_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from moto import mock_aws
+
+    from trace_aws.cli import signing_ring
+
+    for name, value in FAKE_AWS.items():
+        monkeypatch.setenv(name, value)
+    with mock_aws():
+        kms = boto3.client("kms", region_name=REGION)
+        key = kms.create_key(KeySpec="SYMMETRIC_DEFAULT")["KeyMetadata"]["KeyId"]
+        settings = load_settings({**SERVE_ENV, "TRACE_AWS_SIGNING_KEY": key})
+        with pytest.raises(ConfigurationError, match=key):
+            signing_ring(settings)
+
+
+def test_worker_options_out_of_range_exit_2_naming_them(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from trace_aws.cli import main
+
+    env = {
+        "TRACE_AWS_REGION": REGION,
+        "TRACE_AWS_WORKER_QUEUE": "http://127.0.0.1:1/123456789012/q",
+        "TRACE_API_URL": "http://127.0.0.1:1",
+        "TRACE_INTERNAL_TOKEN": TOKEN,
+    }
+    assert main(["worker", "--wait-seconds", "30"], env) == 2
+    err = capsys.readouterr().err
+    assert "trace-aws worker: worker options: wait_seconds must be within 0..20" in err
+    assert TOKEN not in err
+
+
+def test_a_worker_on_a_missing_queue_exits_1_naming_it(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from moto import mock_aws
+
+    from trace_aws.cli import main
+
+    for name, value in FAKE_AWS.items():
+        monkeypatch.setenv(name, value)
+    env = {
+        "TRACE_AWS_REGION": REGION,
+        "TRACE_AWS_WORKER_QUEUE": "https://sqs.us-east-1.amazonaws.com/123456789012/absent",
+        "TRACE_API_URL": "http://127.0.0.1:1",
+        "TRACE_INTERNAL_TOKEN": TOKEN,
+    }
+    with mock_aws():
+        assert main(["worker", "--wait-seconds", "0"], env) == 1
+    err = capsys.readouterr().err
+    assert "trace-aws worker: sqs GetQueueAttributes: the queue does not exist" in err
+    assert "Traceback" not in err

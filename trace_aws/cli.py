@@ -1,0 +1,273 @@
+"""``trace-aws``: the AWS profile's processes.
+
+- ``trace-aws serve``: the Dispatcher and the control-plane HTTP API on
+  Postgres, capability tokens signed by KMS (:class:`~trace_aws.kms.KmsSigner`),
+  credentials minted by STS (:class:`~trace_aws.sts.StsCredentialMinter`) and
+  wake-ups sent to SQS (:class:`~trace_aws.sqs.SqsWakeupQueue`). The Lambda
+  runtime is not wired in yet (its invoker is another slice of issue 15).
+- ``trace-aws worker``: the :class:`~trace_aws.sqs_worker.SqsWorker` loop on one
+  queue around a :class:`~trace_core.worker.WorkerWrapper` that talks HTTP to
+  the API. SIGTERM or SIGINT stops it (:meth:`SqsWorker.stop`: an idle
+  long-poll is abandoned, running tasks finish).
+- ``trace-aws migrate``: bring the state database to the current schema.
+
+Settings come from the environment and/or ``--settings FILE``
+(:mod:`trace_aws.settings`); a missing or wrong one stops the command with
+status 2 and a message naming it. Operators are loaded as in the lite
+profile, ``--operators module:attribute``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING
+
+import anyio
+
+from trace_aws.settings import SERVE_REQUIRED, WORKER_REQUIRED, AwsSettings, load_settings
+from trace_core.authoring.operators import OperatorRegistry
+from trace_core.clock import SystemClock
+from trace_core.errors import ConfigurationError, TraceError
+from trace_core.security.jwks import KeyRing
+
+if TYPE_CHECKING:
+    from trace_aws.sqs_worker import SqsWorker, SqsWorkerSettings
+
+__all__ = ["TOKEN_AUDIENCE", "TOKEN_ISSUER", "main"]
+
+log = logging.getLogger("trace_aws.cli")
+
+TOKEN_ISSUER = "trace-aws"
+TOKEN_AUDIENCE = "trace-task"
+TOKEN_TTL_SECONDS = 3600
+_POOL = 16  # state-database connections: concurrent requests plus the services' loops
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="trace-aws", description=__doc__.splitlines()[0])
+    parser.add_argument("--settings", help="a NAME=value settings file (the environment wins)")
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning"])
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("serve", help="the Dispatcher and the control-plane API")
+    serve.add_argument("--operators", help="module:attribute of an OperatorRegistry")
+    worker = commands.add_parser("worker", help="run the wake-ups of one SQS queue")
+    worker.add_argument("--operators", help="module:attribute of an OperatorRegistry")
+    worker.add_argument("--concurrency", type=int, default=1, help="tasks run at once")
+    worker.add_argument("--wait-seconds", type=int, default=20, help="SQS long-poll (0..20)")
+    worker.add_argument("--visibility-seconds", type=int, default=60)
+    worker.add_argument("--worker-id", help="default <host>-<pid>")
+    commands.add_parser("migrate", help="upgrade the state database schema")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
+    """Run a ``trace-aws`` command; the exit status."""
+    args = _parser().parse_args(argv)
+    env = os.environ if environ is None else environ
+    logging.basicConfig(
+        level=args.log_level.upper(), stream=sys.stderr, format="%(asctime)s %(name)s %(message)s"
+    )
+    try:
+        if args.command == "serve":
+            serve(load_settings(env, args.settings, required=SERVE_REQUIRED), args)
+        elif args.command == "worker":
+            return worker(load_settings(env, args.settings, required=WORKER_REQUIRED), args)
+        else:
+            from trace_core.storage.migrate import upgrade
+
+            settings = load_settings(env, args.settings, required=("TRACE_DATABASE_URL",))
+            assert settings.database_url is not None
+            upgrade(settings.database_url)
+    except ConfigurationError as exc:
+        print(f"trace-aws {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except TraceError as exc:
+        print(f"trace-aws {args.command}: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _operators(reference: str | None) -> OperatorRegistry:
+    # The lite profile already resolves ``module:attribute`` registries; reuse it.
+    from trace_lite.serve import load_operators
+
+    return load_operators(reference)
+
+
+def signing_ring(settings: AwsSettings) -> KeyRing:
+    """The key ring of the one configured KMS signing key (blocking: KMS calls)."""
+    from trace_aws.kms import KmsKey, kms_client, kms_key_ring
+
+    assert settings.signing_key_id is not None
+    client = kms_client(settings.region, settings.endpoint_url)
+    # One key, signing from the start. Rotation needs recorded schedules
+    # (docs/aws.md, KmsKey); they are not a setting yet.
+    key = KmsKey(settings.signing_key_id, published_at=_EPOCH, activated_at=_EPOCH, bootstrap=True)
+    return kms_key_ring(client, [key], SystemClock())
+
+
+def serve(settings: AwsSettings, args: argparse.Namespace) -> None:
+    """Check the schema, load the signing key, then serve until signalled."""
+    from trace_core.storage.migrate import current_revision, head_revision
+
+    assert settings.database_url is not None
+    revision, head = current_revision(settings.database_url), head_revision()
+    if revision != head:
+        raise ConfigurationError(
+            f"TRACE_DATABASE_URL: the database is at schema revision {revision or 'none'}, "
+            f"not {head}: run `trace-aws migrate` first"
+        )
+    operators = _operators(args.operators)
+    ring = signing_ring(settings)
+    anyio.run(_serve, settings, operators, ring, args.log_level)
+
+
+async def _serve(
+    settings: AwsSettings, operators: OperatorRegistry, ring: KeyRing, log_level: str
+) -> None:
+    import uvicorn
+
+    from trace_aws.sqs import SqsWakeupQueue, sqs_client
+    from trace_aws.sts import StsCredentialMinter
+    from trace_core.api import create_app
+    from trace_core.dispatcher.capabilities import CapabilityIssuer
+    from trace_core.dispatcher.service import Dispatcher, DispatcherConfig
+    from trace_core.security import TokenIssuer, TokenVerifier
+    from trace_core.storage.engine import EngineSettings
+    from trace_core.storage.sql import SqlRepository
+
+    assert settings.database_url is not None and settings.role_arn is not None
+    assert settings.internal_token is not None and settings.bucket is not None
+    clock = SystemClock()
+    verifier = TokenVerifier(ring, TOKEN_ISSUER, TOKEN_AUDIENCE, clock)
+    # Datasets and scratch live in the configured bucket: scopes (and so the
+    # STS session policies) name its prefixes.
+    config = DispatcherConfig(storage_root=f"s3://{settings.bucket}/")
+    root = config.storage_root
+    minter = StsCredentialMinter(
+        settings.role_arn, region=settings.region, endpoint_url=settings.endpoint_url
+    )
+    wakeups = SqsWakeupQueue(
+        sqs_client(settings.region, settings.endpoint_url), queue_urls=settings.queue_urls
+    )
+    repo = SqlRepository(settings.database_url, EngineSettings(pool_size=_POOL))
+    try:
+        capabilities = CapabilityIssuer(
+            TokenIssuer(ring, TOKEN_ISSUER, TOKEN_AUDIENCE, TOKEN_TTL_SECONDS, clock),
+            repo=repo,
+            scratch_template=root + "{org}/scratch/{task_id}/{attempt}/",
+            verifier=verifier,
+        )
+        dispatcher = Dispatcher(
+            repo,
+            operators=operators,
+            clock=clock,
+            config=config,
+            wakeups=wakeups,
+            capabilities=capabilities,
+        )
+        failures: list[BaseException] = []
+
+        def dispatcher_failed(exc: BaseException) -> None:
+            failures.append(exc)
+            server.should_exit = True
+
+        app = create_app(
+            dispatcher,
+            internal_token=settings.internal_token,
+            run_dispatcher=True,
+            jwks=ring.jwks,
+            verifier=verifier,
+            minter=minter,
+            on_dispatcher_failure=dispatcher_failed,
+        )
+        server = uvicorn.Server(
+            uvicorn.Config(
+                app,
+                host=settings.host,
+                port=settings.port,
+                log_level=log_level,
+                access_log=log_level == "debug",
+                lifespan="on",
+                server_header=False,
+            )
+        )
+        await server.serve()
+        if failures:
+            error = failures[0]
+            raise TraceError(
+                f"the Dispatcher's services failed ({type(error).__name__}: {error}); "
+                "the server stopped"
+            ) from error
+    finally:
+        await repo.close()
+
+
+def worker(settings: AwsSettings, args: argparse.Namespace) -> int:
+    """Run the SQS worker loop until SIGTERM/SIGINT; the exit status."""
+    from trace_aws.sqs_worker import SqsWorkerSettings
+
+    assert settings.worker_queue_url is not None
+    try:
+        loop = SqsWorkerSettings(
+            settings.worker_queue_url,
+            wait_seconds=args.wait_seconds,
+            concurrency=args.concurrency,
+            visibility_seconds=args.visibility_seconds,
+        )
+    except ConfigurationError as exc:
+        raise ConfigurationError(f"worker options: {exc}") from None
+    operators = _operators(args.operators)
+    try:
+        anyio.run(_work, settings, loop, operators, args.worker_id)
+    except* TraceError as failed:
+        # Raised inside the worker's task group, so it arrives wrapped in a group.
+        raise failed.exceptions[0] from None
+    return 0
+
+
+async def _work(
+    settings: AwsSettings,
+    loop: SqsWorkerSettings,
+    operators: OperatorRegistry,
+    worker_id: str | None,
+) -> None:
+    import httpx
+
+    from trace_aws.sqs import sqs_client
+    from trace_aws.sqs_worker import SqsWorker
+    from trace_core.worker import HttpControlPlaneClient, RetryingClient, WorkerWrapper
+    from trace_lite.worker_cli import default_worker_id
+
+    assert settings.api_url is not None and settings.internal_token is not None
+    client = sqs_client(settings.region, settings.endpoint_url)
+    ident = worker_id or default_worker_id()
+    async with httpx.AsyncClient(timeout=30.0) as http, anyio.create_task_group() as group:
+        control = RetryingClient(
+            HttpControlPlaneClient(settings.api_url, settings.internal_token, http=http)
+        )
+        sqs_worker = SqsWorker(client, WorkerWrapper(control, operators, worker_id=ident), loop)
+        group.start_soon(_stop_on_signal, sqs_worker)
+        log.info("worker %s polling %s", ident, loop.queue_url)
+        await sqs_worker.run()
+        group.cancel_scope.cancel()
+    log.info("worker %s stopped", ident)
+
+
+async def _stop_on_signal(sqs_worker: SqsWorker) -> None:
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async for signum in signals:
+            log.info("%s: stopping after the running tasks", signal.Signals(signum).name)
+            sqs_worker.stop()
+            return
+
+
+if __name__ == "__main__":
+    sys.exit(main())
