@@ -50,7 +50,12 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from trace_aws.errors import aws_error, error_code
 from trace_core.errors import ConfigurationError, InvalidInput
-from trace_core.security.minting import MintedCredentials, StoreAction, scope_allows
+from trace_core.security.minting import (
+    MintedCredentials,
+    StoreAction,
+    scope_allows,
+    wire_credentials,
+)
 from trace_core.security.scopes import InvalidScope, Scope, parse_object_uri
 from trace_lite.object_store import AccessDenied, NoSuchKey
 
@@ -144,14 +149,7 @@ class S3ObjectStore:
         ``session_token``, ``expiration``). STS credentials do not carry their
         scope; pass ``scope`` (the capability's) to check it client-side too.
         A missing value raises :class:`~trace_core.errors.InvalidInput` naming it."""
-        if not isinstance(values, Mapping):
-            raise InvalidInput("credentials", "must be an object")
-        wire: dict[str, str] = {}
-        for name in ("access_key_id", "secret_access_key", "session_token"):
-            value = values.get(name)
-            if not isinstance(value, str) or not value:
-                raise InvalidInput(f"credentials.{name}", "is required (a non-empty string)")
-            wire[name] = value
+        wire = wire_credentials(values)
         expiration = values.get("expiration")
         if expiration is not None:
             try:

@@ -31,9 +31,8 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from trace_aws.errors import AwsRequestFailed, aws_error
 from trace_core.errors import ConfigurationError
-from trace_core.security.minting import MintedCredentials, validate_session_name
-from trace_core.security.policy import packed_policy, validate_duration_seconds
-from trace_core.security.scopes import InvalidScope, Scope
+from trace_core.security.minting import MintedCredentials, checked_mint_request
+from trace_core.security.scopes import Scope
 
 if TYPE_CHECKING:
     from mypy_boto3_sts import STSClient
@@ -99,11 +98,7 @@ class StsCredentialMinter:
         self, scope: Scope, *, session_name: str, duration_seconds: int
     ) -> MintedCredentials:
         """``AssumeRole`` with the session policy of ``scope`` (see the port)."""
-        validate_session_name(session_name)
-        duration = validate_duration_seconds(duration_seconds)
-        if not isinstance(scope, Scope):
-            raise InvalidScope("scope", "type", "must be a Scope")
-        policy = packed_policy(scope)
+        policy, duration = checked_mint_request(scope, session_name, duration_seconds)
         params: dict[str, Any] = {
             "RoleArn": self.role_arn,
             "RoleSessionName": session_name,

@@ -45,8 +45,10 @@ __all__ = [
     "LocalCredentialMinter",
     "MintedCredentials",
     "StoreAction",
+    "checked_mint_request",
     "scope_allows",
     "validate_session_name",
+    "wire_credentials",
 ]
 
 _log = logging.getLogger(__name__)
@@ -68,6 +70,36 @@ def validate_session_name(session_name: object) -> str:
             "session_name", "must be 2-64 characters of letters, digits and _+=,.@- (rule: sts)"
         )
     return session_name
+
+
+def checked_mint_request(
+    scope: object, session_name: object, duration_seconds: object
+) -> tuple[str, int]:
+    """The session policy (:func:`packed_policy`) and the duration in seconds
+    of a mint request, once the request is one STS would take: a
+    RoleSessionName, a duration within STS's bounds, a :class:`Scope` whose
+    policy fits STS's size limit; else raise naming what is wrong. Every
+    minter checks the same, so a scope that works in lite works on AWS."""
+    validate_session_name(session_name)
+    duration = validate_duration_seconds(duration_seconds)
+    if not isinstance(scope, Scope):
+        raise InvalidScope("scope", "type", "must be a Scope")
+    return packed_policy(scope), duration
+
+
+def wire_credentials(values: object) -> dict[str, str]:
+    """The three secret values of credentials in wire form (a task context's
+    ``credentials``); :class:`InvalidInput` naming a missing or empty one,
+    never quoting a value."""
+    if not isinstance(values, Mapping):
+        raise InvalidInput("credentials", "must be an object")
+    wire: dict[str, str] = {}
+    for name in ("access_key_id", "secret_access_key", "session_token"):
+        value = values.get(name)
+        if not isinstance(value, str) or not value:
+            raise InvalidInput(f"credentials.{name}", "is required (a non-empty string)")
+        wire[name] = value
+    return wire
 
 
 @dataclass(frozen=True, slots=True, repr=False)
@@ -180,12 +212,7 @@ class LocalCredentialMinter:
         self, scope: Scope, *, session_name: str, duration_seconds: int
     ) -> MintedCredentials:
         """Issue credentials for ``scope``, valid ``duration_seconds`` from now (see the port)."""
-        validate_session_name(session_name)
-        duration = validate_duration_seconds(duration_seconds)
-        if not isinstance(scope, Scope):
-            raise InvalidScope("scope", "type", "must be a Scope")
-        # Same size limit as STS, so a scope that works in lite works in aws.
-        packed_policy(scope)
+        _, duration = checked_mint_request(scope, session_name, duration_seconds)
         issued = int(self._clock.now().timestamp())
         expires = issued + duration
         access_key_id = "LSIA" + base64.b32encode(secrets.token_bytes(10)).decode("ascii")
@@ -243,14 +270,7 @@ class LocalCredentialMinter:
         :class:`InvalidInput` naming the field (never quoting a secret), and
         nothing else.
         """
-        if not isinstance(values, Mapping):
-            raise InvalidInput("credentials", "must be an object")
-        wire: dict[str, str] = {}
-        for name in ("access_key_id", "secret_access_key", "session_token"):
-            value = values.get(name)
-            if not isinstance(value, str) or not value:
-                raise InvalidInput(f"credentials.{name}", "is required (a non-empty string)")
-            wire[name] = value
+        wire = wire_credentials(values)
         token = wire["session_token"]
         body = self._authentic_body(token)
         if body is None:
