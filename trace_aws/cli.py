@@ -39,13 +39,12 @@ from trace_core.security.jwks import KeyRing
 if TYPE_CHECKING:
     from trace_aws.sqs_worker import SqsWorker, SqsWorkerSettings
 
-__all__ = ["TOKEN_AUDIENCE", "TOKEN_ISSUER", "main"]
+__all__ = ["TOKEN_ISSUER", "main"]
 
 log = logging.getLogger("trace_aws.cli")
 
 TOKEN_ISSUER = "trace-aws"
-TOKEN_AUDIENCE = "trace-task"
-TOKEN_TTL_SECONDS = 3600
+"""The issuer of the AWS profile's capability tokens."""
 _POOL = 16  # state-database connections: concurrent requests plus the services' loops
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -132,25 +131,22 @@ def serve(settings: AwsSettings, args: argparse.Namespace) -> None:
 async def _serve(
     settings: AwsSettings, operators: OperatorRegistry, ring: KeyRing, log_level: str
 ) -> None:
-    import uvicorn
 
     from trace_aws.sqs import SqsWakeupQueue, sqs_client
     from trace_aws.sts import StsCredentialMinter
-    from trace_core.api import create_app
-    from trace_core.dispatcher.capabilities import CapabilityIssuer
+    from trace_core.api.serving import serve_dispatcher
+    from trace_core.dispatcher.capabilities import signing_capability_issuer, task_token_verifier
     from trace_core.dispatcher.service import Dispatcher, DispatcherConfig
-    from trace_core.security import TokenIssuer, TokenVerifier
     from trace_core.storage.engine import EngineSettings
     from trace_core.storage.sql import SqlRepository
 
     assert settings.database_url is not None and settings.role_arn is not None
     assert settings.internal_token is not None and settings.bucket is not None
     clock = SystemClock()
-    verifier = TokenVerifier(ring, TOKEN_ISSUER, TOKEN_AUDIENCE, clock)
+    verifier = task_token_verifier(ring, clock, issuer=TOKEN_ISSUER)
     # Datasets and scratch live in the configured bucket: scopes (and so the
     # STS session policies) name its prefixes.
     config = DispatcherConfig(storage_root=f"s3://{settings.bucket}/")
-    root = config.storage_root
     minter = StsCredentialMinter(
         settings.role_arn, region=settings.region, endpoint_url=settings.endpoint_url
     )
@@ -159,11 +155,8 @@ async def _serve(
     )
     repo = SqlRepository(settings.database_url, EngineSettings(pool_size=_POOL))
     try:
-        capabilities = CapabilityIssuer(
-            TokenIssuer(ring, TOKEN_ISSUER, TOKEN_AUDIENCE, TOKEN_TTL_SECONDS, clock),
-            repo=repo,
-            scratch_template=root + "{org}/scratch/{task_id}/{attempt}/",
-            verifier=verifier,
+        capabilities = signing_capability_issuer(
+            ring, repo, clock, config.storage_root, issuer=TOKEN_ISSUER
         )
         dispatcher = Dispatcher(
             repo,
@@ -173,39 +166,16 @@ async def _serve(
             wakeups=wakeups,
             capabilities=capabilities,
         )
-        failures: list[BaseException] = []
-
-        def dispatcher_failed(exc: BaseException) -> None:
-            failures.append(exc)
-            server.should_exit = True
-
-        app = create_app(
+        await serve_dispatcher(
             dispatcher,
+            host=settings.host,
+            port=settings.port,
+            log_level=log_level,
             internal_token=settings.internal_token,
-            run_dispatcher=True,
             jwks=ring.jwks,
             verifier=verifier,
             minter=minter,
-            on_dispatcher_failure=dispatcher_failed,
         )
-        server = uvicorn.Server(
-            uvicorn.Config(
-                app,
-                host=settings.host,
-                port=settings.port,
-                log_level=log_level,
-                access_log=log_level == "debug",
-                lifespan="on",
-                server_header=False,
-            )
-        )
-        await server.serve()
-        if failures:
-            error = failures[0]
-            raise TraceError(
-                f"the Dispatcher's services failed ({type(error).__name__}: {error}); "
-                "the server stopped"
-            ) from error
     finally:
         await repo.close()
 

@@ -17,8 +17,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from trace_core.clock import Clock
-from trace_core.dispatcher.capabilities import CapabilityIssuer
-from trace_core.security import TokenIssuer, TokenVerifier
+from trace_core.dispatcher.capabilities import (
+    TASK_TOKEN_AUDIENCE,
+    TASK_TOKEN_TTL_SECONDS,
+    CapabilityIssuer,
+    signing_capability_issuer,
+    task_token_verifier,
+)
+from trace_core.security import TokenVerifier
 from trace_core.security.jwks import KeyRing
 from trace_core.security.minting import CredentialMinter
 from trace_core.storage.protocol import Repository
@@ -33,9 +39,8 @@ __all__ = [
 ]
 
 TOKEN_ISSUER = "trace-lite"
-TOKEN_AUDIENCE = "trace-task"
-TOKEN_TTL_SECONDS = 3600
-"""Capability tokens last an hour (the key ring's default retention covers it)."""
+TOKEN_AUDIENCE = TASK_TOKEN_AUDIENCE
+TOKEN_TTL_SECONDS = TASK_TOKEN_TTL_SECONDS
 CREDENTIAL_SECONDS = 3600
 """How long minted credentials last (STS's role-chaining maximum)."""
 
@@ -43,23 +48,14 @@ CREDENTIAL_SECONDS = 3600
 def capability_issuer(
     ring: KeyRing, repo: Repository, clock: Clock, storage_root: str
 ) -> CapabilityIssuer:
-    """Signs each claimed attempt's token; scratch under ``<root>{org}/scratch/``.
-
-    It verifies the tokens heartbeats present for renewal against the same
-    ring (:meth:`~trace_core.dispatcher.capabilities.CapabilityIssuer.refresh`).
-    """
-    root = storage_root if storage_root.endswith("/") else storage_root + "/"
-    return CapabilityIssuer(
-        TokenIssuer(ring, TOKEN_ISSUER, TOKEN_AUDIENCE, TOKEN_TTL_SECONDS, clock),
-        repo=repo,
-        scratch_template=root + "{org}/scratch/{task_id}/{attempt}/",
-        verifier=token_verifier(ring, clock),
-    )
+    """Signs each claimed attempt's token as ``trace-lite`` (see
+    :func:`~trace_core.dispatcher.capabilities.signing_capability_issuer`)."""
+    return signing_capability_issuer(ring, repo, clock, storage_root, issuer=TOKEN_ISSUER)
 
 
 def token_verifier(ring: KeyRing, clock: Clock) -> TokenVerifier:
     """Verifies the tokens :func:`capability_issuer` signs."""
-    return TokenVerifier(ring, TOKEN_ISSUER, TOKEN_AUDIENCE, clock)
+    return task_token_verifier(ring, clock, issuer=TOKEN_ISSUER)
 
 
 class CredentialBroker:

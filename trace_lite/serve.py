@@ -50,7 +50,7 @@ import anyio
 
 from trace_core.authoring.operators import OperatorRegistry, load_registry
 from trace_core.clock import Clock, SystemClock
-from trace_core.errors import ConfigurationError, TraceError
+from trace_core.errors import ConfigurationError
 from trace_core.security.jwks import KeyRing
 from trace_core.storage.migrate import current_revision, head_revision
 from trace_lite.credentials import (
@@ -196,9 +196,8 @@ async def _serve(
     ring: KeyRing,
     minter_key: bytes,
 ) -> None:
-    import uvicorn
 
-    from trace_core.api import create_app
+    from trace_core.api.serving import serve_dispatcher
     from trace_core.dispatcher.service import Dispatcher, DispatcherConfig
     from trace_core.security import LocalCredentialMinter
     from trace_core.storage.engine import EngineSettings
@@ -219,16 +218,13 @@ async def _serve(
         # Built inside the event loop: the Dispatcher's services own loop-bound primitives.
         dispatcher = Dispatcher(repo, operators=operators, clock=clock, capabilities=capabilities)
         sink = BufferSink(data, repo, [ALERT_SCHEMA], gateway=dispatcher.gateway, clock=clock)
-        failures: list[BaseException] = []
-
-        def dispatcher_failed(exc: BaseException) -> None:
-            failures.append(exc)
-            server.should_exit = True
-
-        app = create_app(
+        await serve_dispatcher(
             dispatcher,
+            host=config.host,
+            port=config.port,
+            log_level=config.log_level,
+            beside=[sink],
             internal_token=token,
-            run_dispatcher=True,
             jwks=ring.jwks,
             verifier=token_verifier(ring, clock),
             minter=LocalCredentialMinter(minter_key, clock=clock),
@@ -236,29 +232,7 @@ async def _serve(
             query=SparkQueryService(
                 spark, Path(config.data_dir) / "objects", data=data, state=repo
             ),
-            on_dispatcher_failure=dispatcher_failed,
         )
-        server = uvicorn.Server(
-            uvicorn.Config(
-                app,
-                host=config.host,
-                port=config.port,
-                log_level=config.log_level,
-                access_log=config.log_level == "debug",
-                lifespan="on",
-                server_header=False,
-            )
-        )
-        async with anyio.create_task_group() as group:
-            await sink.start(group)
-            await server.serve()
-            await sink.stop()
-        if failures:
-            error = failures[0]
-            raise TraceError(
-                f"the Dispatcher's services failed ({type(error).__name__}: {error}); "
-                "the server stopped"
-            ) from error
     finally:
         await anyio.to_thread.run_sync(spark.stop)
         await data.close()

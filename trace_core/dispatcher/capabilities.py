@@ -40,6 +40,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from trace_core.clock import Clock
 from trace_core.dispatcher.bounded import BoundedMemo
 from trace_core.errors import ConfigurationError, InvalidInput, NotFound
 from trace_core.security.claims import (
@@ -48,6 +49,7 @@ from trace_core.security.claims import (
     DatasetInput,
     InvalidCapability,
 )
+from trace_core.security.jwks import KeyRing
 from trace_core.security.scopes import S3Prefix
 from trace_core.security.tokens import TokenIssuer
 from trace_core.security.verifier import TokenVerifier
@@ -56,8 +58,12 @@ from trace_core.storage.protocol import Repository
 __all__ = [
     "DEFAULT_REFRESH_FRACTION",
     "DEFAULT_SCRATCH_TEMPLATE",
+    "TASK_TOKEN_AUDIENCE",
+    "TASK_TOKEN_TTL_SECONDS",
     "CapabilityGrants",
     "CapabilityIssuer",
+    "signing_capability_issuer",
+    "task_token_verifier",
 ]
 
 log = logging.getLogger(__name__)
@@ -67,6 +73,11 @@ DEFAULT_SCRATCH_TEMPLATE = "s3://trace-lite/{org}/scratch/{task_id}/{attempt}/"
 
 DEFAULT_REFRESH_FRACTION = 1 / 3
 """A token is renewed once less than this fraction of its lifetime is left."""
+
+TASK_TOKEN_AUDIENCE = "trace-task"
+"""The audience of every profile's capability tokens."""
+TASK_TOKEN_TTL_SECONDS = 3600
+"""Capability tokens last an hour (the key ring's default retention covers it)."""
 
 _FIELDS = frozenset({"org", "task_id", "attempt"})
 _ORG_CACHE = 4096  # jobs; a job's org never changes, so entries never go stale
@@ -264,3 +275,25 @@ def _output_prefixes(items: Sequence[Any]) -> tuple[str, ...]:
         if prefix not in prefixes:
             prefixes.append(prefix)
     return tuple(prefixes)
+
+
+def task_token_verifier(ring: KeyRing, clock: Clock, *, issuer: str) -> TokenVerifier:
+    """Verifies the capability tokens :func:`signing_capability_issuer` signs
+    with ``ring`` as ``issuer``."""
+    return TokenVerifier(ring, issuer, TASK_TOKEN_AUDIENCE, clock)
+
+
+def signing_capability_issuer(
+    ring: KeyRing, repo: Repository, clock: Clock, storage_root: str, *, issuer: str
+) -> CapabilityIssuer:
+    """A profile's issuer: signs each claimed attempt's token with ``ring``
+    as ``issuer`` (audience :data:`TASK_TOKEN_AUDIENCE`, an hour), with the
+    attempt's scratch prefix under ``<storage_root>{org}/scratch/``, and
+    verifies the tokens heartbeats present for renewal against the same ring."""
+    root = storage_root if storage_root.endswith("/") else storage_root + "/"
+    return CapabilityIssuer(
+        TokenIssuer(ring, issuer, TASK_TOKEN_AUDIENCE, TASK_TOKEN_TTL_SECONDS, clock),
+        repo=repo,
+        scratch_template=root + "{org}/scratch/{task_id}/{attempt}/",
+        verifier=task_token_verifier(ring, clock, issuer=issuer),
+    )
