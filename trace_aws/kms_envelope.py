@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
-from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Final, TypeVar
 
@@ -40,6 +39,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from trace_aws.errors import error_code
 from trace_aws.kms_errors import KmsKeyUnusable, kms_call
 from trace_core.errors import ConfigurationError, InvalidInput
+from trace_core.security.envelope import Envelope
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -56,18 +56,6 @@ _CONTEXT_KEY: Final = "trace:context"
 _UNOPENABLE_CODES: Final = frozenset({"InvalidCiphertextException", "IncorrectKeyException"})
 
 _T = TypeVar("_T")
-
-
-@dataclass(frozen=True, repr=False)
-class Envelope:
-    """A sealed value: the wrapped data key (naming its KMS key) and the ciphertext."""
-
-    wrapped_key: bytes
-    ciphertext: bytes
-
-    def __repr__(self) -> str:
-        sizes = f"wrapped_key=<{len(self.wrapped_key)} bytes>, ciphertext=<{len(self.ciphertext)}"
-        return f"Envelope({sizes} bytes>)"
 
 
 def _unopenable() -> InvalidInput:

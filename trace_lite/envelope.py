@@ -12,30 +12,18 @@ and the ciphertext are stored; the KEK stays in ``<data dir>/kek.key``.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from trace_core.errors import ConfigurationError, InvalidInput
+from trace_core.security.envelope import Envelope
 
 __all__ = ["Envelope", "LocalKeyEncryption"]
 
 _NONCE = 12
 _KEY = 32
 _VERSION = b"\x01"
-
-
-@dataclass(frozen=True, repr=False)
-class Envelope:
-    """A sealed value: the wrapped data key and the ciphertext (both with nonces)."""
-
-    wrapped_key: bytes
-    ciphertext: bytes
-
-    def __repr__(self) -> str:
-        sizes = f"wrapped_key=<{len(self.wrapped_key)} bytes>, ciphertext=<{len(self.ciphertext)}"
-        return f"Envelope({sizes} bytes>)"
 
 
 class LocalKeyEncryption:
