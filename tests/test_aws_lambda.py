@@ -29,6 +29,7 @@ from moto import mock_aws
 import trace_aws.lambda_handler
 from tests.test_aws_sqs import aws_env
 from tests.test_udf_isolation import serving
+from tests.test_worker_wrapper import DAG as WRAPPER_DAG
 from tests.test_worker_wrapper import DEPLOYED, Platform, Ticker, wait_for, wrapper_for
 from trace_aws.errors import AwsRequestFailed, AwsUnavailable
 from trace_aws.lambda_handler import (
@@ -63,25 +64,9 @@ TOKEN = "lambda-test-internal-token-0123456789"
 BASE = "http://trace.test"
 FUNCTION = "trace-follow"  # the lambda runtime's target for operator "follow"
 
-DAG = """
-dag: worker
-jobs:
-  - name: follow
-    activation: source
-    runtime: lambda
-    operator: follow
-    source: { kind: manual }
-    heartbeat_timeout_seconds: 60
-    config: { n: 2, secrets: [API_KEY] }
-    outputs: [ { dataset: blocks } ]
-  - name: double
-    activation: reactive
-    runtime: ecs_platform
-    operator: double
-    execution_strategy: PerPartition
-    inputs: [ { from: { dataset: blocks }, where: "n > 1" } ]
-    outputs: [ { dataset: doubled } ]
-"""
+# The wrapper suite's DAG with its source job on the Lambda runtime.
+DAG = WRAPPER_DAG.replace("runtime: ecs_udf", "runtime: lambda", 1)
+assert "runtime: lambda" in DAG
 
 
 # --- the invoker: start-up check on moto ----------------------------------------------
