@@ -93,6 +93,19 @@ def test_the_worker_needs_its_queue_and_the_api() -> None:
         ("TRACE_DATABASE_URL", "sqlite:///x.db", "runs on Postgres"),
         ("TRACE_INTERNAL_TOKEN", "short", ""),
         ("TRACE_BIND", "8000", "not host:port"),
+        ("TRACE_AWS_BUFFER_QUEUES", "not-a-uuid=http://q/1", "'not-a-uuid' is not a dataset UUID"),
+        ("TRACE_AWS_BUFFER_QUEUES", f"{uuid.UUID(int=1)}", "is not dataset-uuid=url"),
+        ("TRACE_AWS_BUFFER_QUEUES", f"{uuid.UUID(int=1)}=q1", "not a URL"),
+        (
+            "TRACE_AWS_BUFFER_QUEUES",
+            f"{uuid.UUID(int=1)}=http://q/1,{str(uuid.UUID(int=1)).upper()}=http://q/2",
+            "listed twice",
+        ),
+        ("TRACE_AWS_LAMBDA_RUNTIMES", "lambda", "is not runtime=function"),
+        ("TRACE_AWS_LAMBDA_RUNTIMES", "lambda=has space", "not a Lambda function name or ARN"),
+        ("TRACE_AWS_LAMBDA_RUNTIMES", "9x=trace-f", "'9x' is not a runtime name"),
+        ("TRACE_AWS_LAMBDA_RUNTIMES", "a=f1,a=f2", "'a' is listed twice"),
+        ("TRACE_AWS_LAMBDA_QUALIFIER", "live/1", "not a Lambda alias or version"),
     ],
 )
 def test_a_wrong_setting_is_named_with_the_reason(name: str, value: str, reason: str) -> None:
@@ -101,6 +114,21 @@ def test_a_wrong_setting_is_named_with_the_reason(name: str, value: str, reason:
     message = str(caught.value)
     assert message.startswith(f"{name} (environment {name}): ")
     assert reason in message
+
+
+def test_buffer_queues_and_lambda_runtimes_are_typed() -> None:
+    dataset = uuid.uuid4()
+    arn = "arn:aws:lambda:us-east-1:123456789012:function:trace-follow"
+    env = {
+        **SERVE_ENV,
+        "TRACE_AWS_BUFFER_QUEUES": f" {dataset} = http://q/alerts ",
+        "TRACE_AWS_LAMBDA_RUNTIMES": f"lambda=trace-{{operator}}, follow={arn}",
+        "TRACE_AWS_LAMBDA_QUALIFIER": "live",
+    }
+    settings = load_settings(env, required=SERVE_REQUIRED)
+    assert settings.buffer_queue_urls == {dataset: "http://q/alerts"}
+    assert settings.lambda_runtimes == {"lambda": "trace-{operator}", "follow": arn}
+    assert settings.lambda_qualifier == "live"
 
 
 def test_a_database_url_is_never_echoed() -> None:
