@@ -93,6 +93,19 @@ def test_the_worker_needs_its_queue_and_the_api() -> None:
         ("TRACE_DATABASE_URL", "sqlite:///x.db", "runs on Postgres"),
         ("TRACE_INTERNAL_TOKEN", "short", ""),
         ("TRACE_BIND", "8000", "not host:port"),
+        ("TRACE_AWS_BUFFER_QUEUES", "not-a-uuid=http://q/1", "'not-a-uuid' is not a dataset UUID"),
+        ("TRACE_AWS_BUFFER_QUEUES", f"{uuid.UUID(int=1)}", "is not dataset-uuid=url"),
+        ("TRACE_AWS_BUFFER_QUEUES", f"{uuid.UUID(int=1)}=q1", "not a URL"),
+        (
+            "TRACE_AWS_BUFFER_QUEUES",
+            f"{uuid.UUID(int=1)}=http://q/1,{str(uuid.UUID(int=1)).upper()}=http://q/2",
+            "listed twice",
+        ),
+        ("TRACE_AWS_LAMBDA_RUNTIMES", "lambda", "is not runtime=function"),
+        ("TRACE_AWS_LAMBDA_RUNTIMES", "lambda=has space", "not a Lambda function name or ARN"),
+        ("TRACE_AWS_LAMBDA_RUNTIMES", "9x=trace-f", "'9x' is not a runtime name"),
+        ("TRACE_AWS_LAMBDA_RUNTIMES", "a=f1,a=f2", "'a' is listed twice"),
+        ("TRACE_AWS_LAMBDA_QUALIFIER", "live/1", "not a Lambda alias or version"),
     ],
 )
 def test_a_wrong_setting_is_named_with_the_reason(name: str, value: str, reason: str) -> None:
@@ -101,6 +114,21 @@ def test_a_wrong_setting_is_named_with_the_reason(name: str, value: str, reason:
     message = str(caught.value)
     assert message.startswith(f"{name} (environment {name}): ")
     assert reason in message
+
+
+def test_buffer_queues_and_lambda_runtimes_are_typed() -> None:
+    dataset = uuid.uuid4()
+    arn = "arn:aws:lambda:us-east-1:123456789012:function:trace-follow"
+    env = {
+        **SERVE_ENV,
+        "TRACE_AWS_BUFFER_QUEUES": f" {dataset} = http://q/alerts ",
+        "TRACE_AWS_LAMBDA_RUNTIMES": f"lambda=trace-{{operator}}, follow={arn}",
+        "TRACE_AWS_LAMBDA_QUALIFIER": "live",
+    }
+    settings = load_settings(env, required=SERVE_REQUIRED)
+    assert settings.buffer_queue_urls == {dataset: "http://q/alerts"}
+    assert settings.lambda_runtimes == {"lambda": "trace-{operator}", "follow": arn}
+    assert settings.lambda_qualifier == "live"
 
 
 def test_a_database_url_is_never_echoed() -> None:
@@ -374,3 +402,229 @@ def test_a_worker_on_a_missing_queue_exits_1_naming_it(
     err = capsys.readouterr().err
     assert "trace-aws worker: sqs GetQueueAttributes: the queue does not exist" in err
     assert "Traceback" not in err
+
+
+# --- buffered datasets and Lambda runtimes in ``serve`` -------------------------------
+
+BUFFER_DAG = """
+dag: buffered
+jobs:
+  - name: alerting
+    activation: source
+    runtime: ecs_platform
+    operator: gate
+    source: { kind: manual }
+    heartbeat_timeout_seconds: 60
+    outputs:
+      - { dataset: alerts, kind: postgres_table }
+"""
+
+
+async def _deploy_buffered(url: str) -> None:
+    from tests.e2e_operators import OPERATORS
+    from trace_core.dag import parse_dag
+    from trace_core.dispatcher.service import Dispatcher
+    from trace_core.storage.sql import SqlRepository
+
+    repo = SqlRepository(url)
+    try:
+        await Dispatcher(repo, operators=OPERATORS).deploy(
+            parse_dag(BUFFER_DAG, operators=OPERATORS.names())
+        )
+    finally:
+        await repo.close()
+
+
+async def _rows(url: str, table: str) -> list[dict[str, Any]]:
+    import sqlalchemy as sa
+
+    from trace_lite.buffered import DataDatabase
+
+    data = DataDatabase(url)
+    try:
+        async with data.engine.connect() as conn:
+            present = await conn.run_sync(lambda c: sa.inspect(c).has_table(table))
+            if not present:
+                return []
+            rows = await conn.execute(sa.text(f'SELECT * FROM "{table}" ORDER BY dedupe_key'))
+            return [dict(row._mapping) for row in rows]
+    finally:
+        await data.close()
+
+
+def _lambda_function(endpoint: str, name: str, retries: int) -> None:
+    """A function (moto keeps it without running it) whose own retries are ``retries``."""
+    import io
+    import zipfile
+
+    iam = boto3.client("iam", region_name=REGION, endpoint_url=endpoint)
+    trust = {"Version": "2012-10-17", "Statement": []}
+    role = iam.create_role(RoleName=f"{name}-role", AssumeRolePolicyDocument=json.dumps(trust))
+    code = io.BytesIO()
+    with zipfile.ZipFile(code, "w") as archive:
+        archive.writestr("handler.py", "def handler(event, context):\n    return None\n")
+    lam = boto3.client("lambda", region_name=REGION, endpoint_url=endpoint)
+    lam.create_function(
+        FunctionName=name,
+        Runtime="python3.11",
+        Role=role["Role"]["Arn"],
+        Handler="handler.handler",
+        Code={"ZipFile": code.getvalue()},
+    )
+    lam.put_function_event_invoke_config(FunctionName=name, MaximumRetryAttempts=retries)
+
+
+def _serve_env(endpoint: str, database_url: str, key: str, port: int) -> dict[str, str]:
+    return {
+        "TRACE_AWS_REGION": REGION,
+        "TRACE_AWS_ENDPOINT_URL": endpoint,
+        "TRACE_AWS_SIGNING_KEY": key,
+        "TRACE_AWS_ROLE_ARN": "arn:aws:iam::123456789012:role/trace-task",
+        "TRACE_AWS_BUCKET": "trace-data",
+        "TRACE_DATABASE_URL": database_url,
+        "TRACE_INTERNAL_TOKEN": TOKEN,
+        "TRACE_BIND": f"127.0.0.1:{port}",
+    }
+
+
+@pytest.mark.parametrize("engine", ["postgres"])
+def test_buffer_publish_lands_records_in_postgres_through_sqs(
+    database_url: str,
+    tmp_path: Path,
+    moto_endpoint: str,
+    processes: list[Process],  # noqa: F811 (the fixture imported above)
+) -> None:
+    from trace_lite.buffered import table_name_of
+    from trace_lite.pipeline.operators import ALERT_SCHEMA
+
+    anyio.run(_deploy_buffered, database_url)
+    key, queue = _aws_resources(moto_endpoint)
+    sqs = boto3.client("sqs", region_name=REGION, endpoint_url=moto_endpoint)
+    dlq_arn = sqs.get_queue_attributes(
+        QueueUrl=sqs.get_queue_url(QueueName="trace-dlq")["QueueUrl"], AttributeNames=["QueueArn"]
+    )["Attributes"]["QueueArn"]
+    redrive = json.dumps({"deadLetterTargetArn": dlq_arn, "maxReceiveCount": "5"})
+    buffer_queue = sqs.create_queue(
+        QueueName="trace-buffer-alerts", Attributes={"RedrivePolicy": redrive}
+    )["QueueUrl"]
+    _lambda_function(moto_endpoint, "trace-follow", retries=0)
+    port = _free_port()
+    base = f"http://127.0.0.1:{port}"
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+
+    # serve needs the dataset -> queue map at start: the deploy fixed the uuid.
+    dataset = anyio.run(_dataset_uuid, database_url, "alerts")
+    env = {
+        **_serve_env(moto_endpoint, database_url, key, port),
+        "TRACE_AWS_QUEUE_URLS": f"{STREAM}={queue}",
+        "TRACE_AWS_BUFFER_QUEUES": f"{dataset}={buffer_queue}",
+        "TRACE_AWS_LAMBDA_RUNTIMES": "follow=trace-follow",
+    }
+    serve_log = tmp_path / "serve.log"
+    server = _spawn_aws(
+        ["--log-level", "warning", "serve", "--operators", "tests.e2e_operators:OPERATORS"],
+        env,
+        serve_log,
+    )
+    processes.append(server)
+
+    def ready() -> bool | None:
+        assert server[0].poll() is None, "serve exited:\n" + serve_log.read_text()
+        try:
+            return httpx.get(f"{base}/readyz", headers=auth, timeout=5).status_code == 200 or None
+        except httpx.TransportError:
+            return None
+
+    _until("the server to be ready", ready, timeout=60)
+    created = httpx.post(
+        f"{base}/internal/trigger", json={"job": "buffered/alerting", "key": "k1"}, headers=auth
+    )
+    assert created.status_code == 200, created.text
+    task_id = created.json()["task_id"]
+    claim = httpx.post(
+        f"{base}/internal/task-claim",
+        json={"task_id": task_id, "worker_id": "test-producer"},
+        headers=auth,
+        timeout=10,
+    )
+    assert claim.status_code == 200 and claim.json()["status"] == "Claimed", claim.text
+    claimed = claim.json()
+    [output] = [o for o in claimed["task"]["outputs"] if o["dataset_uuid"] == str(dataset)]
+    table = table_name_of(output["location"])
+    record = {
+        "rule": "r1",
+        "severity": "warning",
+        "block_number": 7,
+        "metric": "m",
+        "value": 2.5,
+        "threshold": 1.0,
+        "partition_key": "p",
+    }
+    published = httpx.post(
+        f"{base}/v1/task/buffer-publish",
+        json={
+            "task_id": task_id,
+            "attempt": claimed["attempt"],
+            "dataset_uuid": str(dataset),
+            "schema_hash": ALERT_SCHEMA.schema_hash,
+            "records": [{**record, "dedupe_key": "r1:7"}, {**record, "dedupe_key": "r1:8"}],
+        },
+        headers={"X-Trace-Task-Capability": claimed["task"]["capability_token"]},
+        timeout=10,
+    )
+    assert published.status_code < 300, published.text
+
+    rows = _until(
+        "the sink to write the records",
+        lambda: anyio.run(_rows, database_url, table) or None,
+    )
+    assert [(r["dedupe_key"], r["block_number"]) for r in rows] == [("r1:7", 7), ("r1:8", 7)]
+    # The sink deleted the message after writing it.
+    _until(
+        "the buffer message to be deleted",
+        lambda: _queue_counts(moto_endpoint, buffer_queue) == (0, 0) or None,
+    )
+    server[0].send_signal(signal.SIGTERM)
+    assert server[0].wait(timeout=30) == -signal.SIGTERM, serve_log.read_text()
+    assert "Traceback" not in serve_log.read_text()
+
+
+async def _dataset_uuid(url: str, name: str) -> uuid.UUID:
+    import sqlalchemy as sa
+
+    from trace_core.storage import schema
+    from trace_core.storage.sql import SqlRepository
+
+    repo = SqlRepository(url)
+    try:
+        async with repo.read() as tx:
+            found = await tx.connection.execute(
+                sa.select(schema.datasets.c.id).where(schema.datasets.c.name == name)
+            )
+            return uuid.UUID(str(found.scalar_one()))
+    finally:
+        await repo.close()
+
+
+@pytest.mark.parametrize("engine", ["postgres"])
+def test_serve_refuses_a_lambda_runtime_whose_function_retries_naming_it(
+    database_url: str, moto_endpoint: str
+) -> None:
+    key, _ = _aws_resources(moto_endpoint)
+    _lambda_function(moto_endpoint, "trace-retrying", retries=2)
+    env = {
+        **_serve_env(moto_endpoint, database_url, key, _free_port()),
+        "TRACE_AWS_LAMBDA_RUNTIMES": "fast=trace-retrying",
+    }
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("TRACE_")}
+    result = subprocess.run(
+        [sys.executable, "-m", "trace_aws.cli", "serve"],
+        env={**clean, **FAKE_AWS, **env, "PYTHONPATH": str(ROOT)},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2, result.stderr
+    assert "'trace-retrying': MaximumRetryAttempts is 2, must be 0" in result.stderr

@@ -3,8 +3,13 @@
 - ``trace-aws serve``: the Dispatcher and the control-plane HTTP API on
   Postgres, capability tokens signed by KMS (:class:`~trace_aws.kms.KmsSigner`),
   credentials minted by STS (:class:`~trace_aws.sts.StsCredentialMinter`) and
-  wake-ups sent to SQS (:class:`~trace_aws.sqs.SqsWakeupQueue`). The Lambda
-  runtime is not wired in yet (its invoker is another slice of issue 15).
+  wake-ups sent to SQS (:class:`~trace_aws.sqs.SqsWakeupQueue`); with
+  ``TRACE_AWS_LAMBDA_RUNTIMES``, Lambda runtimes invoked by
+  :class:`~trace_aws.lambda_invoker.LambdaTaskInvoker` (their functions'
+  retries checked before serving); with ``TRACE_AWS_BUFFER_QUEUES``,
+  buffered datasets published to SQS
+  (:class:`~trace_aws.sqs_buffer.SqsDatasetBuffer`) and one
+  :class:`~trace_aws.sqs_buffer.SqsBufferSink` per queue beside the server.
 - ``trace-aws worker``: the :class:`~trace_aws.sqs_worker.SqsWorker` loop on one
   queue around a :class:`~trace_core.worker.WorkerWrapper` that talks HTTP to
   the API. SIGTERM or SIGINT stops it (:meth:`SqsWorker.stop`: an idle
@@ -37,7 +42,9 @@ from trace_core.errors import ConfigurationError, TraceError
 from trace_core.security.jwks import KeyRing
 
 if TYPE_CHECKING:
+    from trace_aws.lambda_invoker import LambdaTaskInvoker
     from trace_aws.sqs_worker import SqsWorker, SqsWorkerSettings
+    from trace_core.dispatcher.runtimes import RuntimeRegistry
 
 __all__ = ["TOKEN_ISSUER", "main"]
 
@@ -133,12 +140,15 @@ async def _serve(
 ) -> None:
 
     from trace_aws.sqs import SqsWakeupQueue, sqs_client
+    from trace_aws.sqs_buffer import SqsBufferSink, SqsDatasetBuffer, SqsSinkSettings
     from trace_aws.sts import StsCredentialMinter
     from trace_core.api.serving import serve_dispatcher
     from trace_core.dispatcher.capabilities import signing_capability_issuer, task_token_verifier
     from trace_core.dispatcher.service import Dispatcher, DispatcherConfig
     from trace_core.storage.engine import EngineSettings
     from trace_core.storage.sql import SqlRepository
+    from trace_lite.buffered import DataDatabase, RecordWriter
+    from trace_lite.pipeline.operators import ALERT_SCHEMA
 
     assert settings.database_url is not None and settings.role_arn is not None
     assert settings.internal_token is not None and settings.bucket is not None
@@ -150,11 +160,15 @@ async def _serve(
     minter = StsCredentialMinter(
         settings.role_arn, region=settings.region, endpoint_url=settings.endpoint_url
     )
-    wakeups = SqsWakeupQueue(
-        sqs_client(settings.region, settings.endpoint_url), queue_urls=settings.queue_urls
-    )
+    sqs = sqs_client(settings.region, settings.endpoint_url)
+    wakeups = SqsWakeupQueue(sqs, queue_urls=settings.queue_urls)
+    runtimes, lambdas = await _lambda_runtimes(settings)
     repo = SqlRepository(settings.database_url, EngineSettings(pool_size=_POOL))
+    # The buffered datasets' tables live in the state database: a separate
+    # data database is not a setting of the AWS profile yet.
+    data = DataDatabase(settings.database_url)
     try:
+        await data.open()
         capabilities = signing_capability_issuer(
             ring, repo, clock, config.storage_root, issuer=TOKEN_ISSUER
         )
@@ -165,19 +179,60 @@ async def _serve(
             config=config,
             wakeups=wakeups,
             capabilities=capabilities,
+            runtimes=runtimes,
+            lambdas=lambdas,
         )
+        sinks = [
+            SqsBufferSink(
+                sqs,
+                RecordWriter(data, repo, [ALERT_SCHEMA], clock=clock),
+                SqsSinkSettings(url),
+                gateway=dispatcher.gateway,
+            )
+            for url in sorted(set(settings.buffer_queue_urls.values()))
+        ]
+        buffer = SqsDatasetBuffer(sqs, settings.buffer_queue_urls) if sinks else None
         await serve_dispatcher(
             dispatcher,
             host=settings.host,
             port=settings.port,
             log_level=log_level,
+            beside=sinks,
             internal_token=settings.internal_token,
             jwks=ring.jwks,
             verifier=verifier,
             minter=minter,
+            buffer=buffer,
         )
     finally:
+        await data.close()
         await repo.close()
+
+
+async def _lambda_runtimes(
+    settings: AwsSettings,
+) -> tuple[RuntimeRegistry | None, LambdaTaskInvoker | None]:
+    """The runtime registry with the configured Lambda runtimes and their invoker,
+    once every function's own retries were checked off; ``(None, None)`` without any."""
+    from trace_aws.lambda_invoker import LambdaTaskInvoker, lambda_client
+    from trace_core.dispatcher.runtimes import Runtime, RuntimeKind, RuntimeRegistry
+
+    if not settings.lambda_runtimes:
+        return None, None
+    registry = RuntimeRegistry()
+    for name, function in settings.lambda_runtimes.items():
+        registry.register(Runtime(name, RuntimeKind.LAMBDA, function))
+    invoker = LambdaTaskInvoker(
+        lambda_client(settings.region, settings.endpoint_url), qualifier=settings.lambda_qualifier
+    )
+    # A ``{operator}`` target names a function per job's operator, known only
+    # once jobs are deployed: only the fixed functions can be checked here.
+    fixed = [f for f in settings.lambda_runtimes.values() if "{operator}" not in f]
+    templated = sorted(set(settings.lambda_runtimes.values()) - set(fixed))
+    if templated:
+        log.warning("lambda functions %s are not checked at start-up (per operator)", templated)
+    await invoker.check_functions(fixed)
+    return registry, invoker
 
 
 def worker(settings: AwsSettings, args: argparse.Namespace) -> int:

@@ -13,6 +13,9 @@ file and line when it came from a file; the internal token is never quoted.
 ``TRACE_AWS_ENDPOINT_URL`` endpoint override for every client (moto, LocalStack)
 ``TRACE_AWS_QUEUE_URLS``   ``name=url,...``: the runtimes' wake-up queues
 ``TRACE_AWS_WORKER_QUEUE`` the queue URL ``trace-aws worker`` polls
+``TRACE_AWS_BUFFER_QUEUES`` ``dataset-uuid=url,...``: buffered datasets' SQS queues
+``TRACE_AWS_LAMBDA_RUNTIMES`` ``runtime=function,...``: Lambda runtimes (name or ARN)
+``TRACE_AWS_LAMBDA_QUALIFIER`` alias or version invoked on every Lambda runtime
 ``TRACE_AWS_SIGNING_KEY``  KMS key (id, ARN or alias) that signs capability tokens
 ``TRACE_AWS_DATA_KEY``     KMS key for envelope encryption of stored credentials
 ``TRACE_AWS_ROLE_ARN``     the task role STS assumes for minted credentials
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import re
 import stat
+import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,6 +52,9 @@ REGION: Final = "TRACE_AWS_REGION"
 ENDPOINT_URL: Final = "TRACE_AWS_ENDPOINT_URL"
 QUEUE_URLS: Final = "TRACE_AWS_QUEUE_URLS"
 WORKER_QUEUE: Final = "TRACE_AWS_WORKER_QUEUE"
+BUFFER_QUEUES: Final = "TRACE_AWS_BUFFER_QUEUES"
+LAMBDA_RUNTIMES: Final = "TRACE_AWS_LAMBDA_RUNTIMES"
+LAMBDA_QUALIFIER: Final = "TRACE_AWS_LAMBDA_QUALIFIER"
 SIGNING_KEY: Final = "TRACE_AWS_SIGNING_KEY"
 DATA_KEY: Final = "TRACE_AWS_DATA_KEY"
 ROLE_ARN: Final = "TRACE_AWS_ROLE_ARN"
@@ -62,6 +69,9 @@ SETTINGS: Final = (
     ENDPOINT_URL,
     QUEUE_URLS,
     WORKER_QUEUE,
+    BUFFER_QUEUES,
+    LAMBDA_RUNTIMES,
+    LAMBDA_QUALIFIER,
     SIGNING_KEY,
     DATA_KEY,
     ROLE_ARN,
@@ -84,6 +94,11 @@ _KMS_KEY = re.compile(
     r"^(arn:aws[a-z-]*:kms:[\w-]+:\d{12}:(key|alias)/\S+|alias/\S+|[\w-]{1,256})$"
 )
 _QUEUE_NAME = re.compile(r"^[\w-]{1,80}$")
+_RUNTIME_NAME = re.compile(r"^[A-Za-z][\w-]{0,63}$")
+# A function name, a partial ARN or a full ARN, optionally ending in
+# ``{operator}`` templates (trace_core.dispatcher.runtimes.Runtime.target_for).
+_FUNCTION = re.compile(r"^[\w:{}.-]{1,170}$")
+_QUALIFIER = re.compile(r"^(\$LATEST|[\w-]{1,128})$")
 
 
 @dataclass(frozen=True)
@@ -94,6 +109,10 @@ class AwsSettings:
     endpoint_url: str | None = None
     queue_urls: Mapping[str, str] = field(default_factory=dict)
     worker_queue_url: str | None = None
+    buffer_queue_urls: Mapping[uuid.UUID, str] = field(default_factory=dict)
+    lambda_runtimes: Mapping[str, str] = field(default_factory=dict)
+    """Runtime name -> function name or ARN (``{operator}`` is replaced per job)."""
+    lambda_qualifier: str | None = None
     signing_key_id: str | None = None
     data_key_id: str | None = None
     role_arn: str | None = None
@@ -183,6 +202,48 @@ def _check_queue_urls(name: str, value: _Value) -> dict[str, str]:
     return urls
 
 
+def _pairs(name: str, value: _Value, expected: str) -> list[tuple[str, str]]:
+    pairs: list[tuple[str, str]] = []
+    for item in value.text.split(","):
+        key, sep, target = (part.strip() for part in item.strip().partition("="))
+        if not sep or not key or not target:
+            raise _fail(name, value, f"{item.strip()!r} is not {expected}")
+        if key in dict(pairs):
+            raise _fail(name, value, f"{key!r} is listed twice")
+        pairs.append((key, target))
+    return pairs
+
+
+def _check_buffer_queues(name: str, value: _Value) -> dict[uuid.UUID, str]:
+    urls: dict[uuid.UUID, str] = {}
+    for dataset, url in _pairs(name, value, "dataset-uuid=url"):
+        try:
+            key = uuid.UUID(dataset)
+        except ValueError:
+            raise _fail(name, value, f"{dataset!r} is not a dataset UUID") from None
+        if key in urls:
+            raise _fail(name, value, f"dataset {key} is listed twice")
+        urls[key] = _url(name, _Value(url, value.source))
+    return urls
+
+
+def _check_lambda_runtimes(name: str, value: _Value) -> dict[str, str]:
+    runtimes: dict[str, str] = {}
+    for runtime, function in _pairs(name, value, "runtime=function"):
+        if not _RUNTIME_NAME.match(runtime):
+            raise _fail(name, value, f"{runtime!r} is not a runtime name")
+        if not _FUNCTION.match(function):
+            raise _fail(name, value, f"{function!r} is not a Lambda function name or ARN")
+        runtimes[runtime] = function
+    return runtimes
+
+
+def _check_qualifier(name: str, value: _Value) -> str:
+    if not _QUALIFIER.match(value.text):
+        raise _fail(name, value, f"{value.text!r} is not a Lambda alias or version")
+    return value.text
+
+
 def _check_kms_key(name: str, value: _Value) -> str:
     if not _KMS_KEY.match(value.text):
         raise _fail(name, value, "not a KMS key id, key ARN or alias")
@@ -231,6 +292,9 @@ _CHECKS: Final[dict[str, Callable[[str, _Value], object]]] = {
     ENDPOINT_URL: _url,
     QUEUE_URLS: _check_queue_urls,
     WORKER_QUEUE: _url,
+    BUFFER_QUEUES: _check_buffer_queues,
+    LAMBDA_RUNTIMES: _check_lambda_runtimes,
+    LAMBDA_QUALIFIER: _check_qualifier,
     SIGNING_KEY: _check_kms_key,
     DATA_KEY: _check_kms_key,
     ROLE_ARN: _check_role,
@@ -272,11 +336,16 @@ def load_settings(
     bind = checked.get(BIND)
     host, port = bind if isinstance(bind, tuple) else ("127.0.0.1", 8000)
     queues = checked.get(QUEUE_URLS)
+    buffers = checked.get(BUFFER_QUEUES)
+    lambdas = checked.get(LAMBDA_RUNTIMES)
     return AwsSettings(
         region=str(checked[REGION]) if REGION in checked else "",
         endpoint_url=_opt(checked, ENDPOINT_URL),
         queue_urls=dict(queues) if isinstance(queues, dict) else {},
         worker_queue_url=_opt(checked, WORKER_QUEUE),
+        buffer_queue_urls=dict(buffers) if isinstance(buffers, dict) else {},
+        lambda_runtimes=dict(lambdas) if isinstance(lambdas, dict) else {},
+        lambda_qualifier=_opt(checked, LAMBDA_QUALIFIER),
         signing_key_id=_opt(checked, SIGNING_KEY),
         data_key_id=_opt(checked, DATA_KEY),
         role_arn=_opt(checked, ROLE_ARN),
