@@ -393,6 +393,29 @@ async def test_every_internal_route_requires_the_token(api: Api) -> None:
         assert public.status_code == 200 and "/internal/task-claim" in public.json()["paths"]
 
 
+async def test_every_documented_error_answer_is_a_json_body_with_its_schema(api: Api) -> None:
+    document = api.app.openapi()
+    schemas = document["components"]["schemas"]
+    answers = [
+        (path, code, answer)
+        for path, item in document["paths"].items()
+        for operation in item.values()
+        for code, answer in operation["responses"].items()
+        if code.startswith(("4", "5"))
+    ]
+    assert len(answers) >= 60
+    for path, code, answer in answers:
+        if "content" not in answer:  # /readyz's 503: its own health body
+            continue
+        # Errors are JSON on every route, /internal/metrics (text/plain) included.
+        assert list(answer["content"]) == ["application/json"], (path, code)
+        ref = answer["content"]["application/json"]["schema"]["$ref"]
+        assert ref.removeprefix("#/components/schemas/") in schemas, (path, code, ref)
+    assert schemas["ErrorBody"]["required"] == ["error", "reason"]
+    assert "#/components/schemas/FieldError" in json.dumps(schemas["ErrorBody"])
+    assert "FieldError" in schemas
+
+
 async def test_malformed_requests_name_the_field(api: Api) -> None:
     task_id = await api.trigger("run-1")
     claimed = await api.claim(task_id)

@@ -29,7 +29,7 @@ from fastapi.openapi.utils import get_openapi
 
 from trace_core.api.auth import InternalAuth, check_internal_token
 from trace_core.api.capability import CAPABILITY_HEADER, TASK_PREFIX, CapabilityAuth
-from trace_core.api.errors import install_error_handlers
+from trace_core.api.errors import add_answer_schemas, install_error_handlers
 from trace_core.api.fields import MAX_WAIT_MS
 from trace_core.api.internal import internal_router
 from trace_core.api.limits import BodyLimit
@@ -207,6 +207,7 @@ def _openapi(app: FastAPI) -> Callable[[], dict[str, Any]]:
                 summary=app.summary,
                 routes=app.routes,
             )
+            add_answer_schemas(document)
             _describe_answers(document)
             app.openapi_schema = document
         return app.openapi_schema

@@ -29,13 +29,19 @@ Nothing from the request is echoed back except field names.
 
 from __future__ import annotations
 
+import functools
+import json
 import logging
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import FastAPI, Request
+from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.models import Schema
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, TypeAdapter
+from pydantic.json_schema import GenerateJsonSchema
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from trace_core.api.capability import CapabilityRefused, capability_error
@@ -55,12 +61,16 @@ __all__ = [
     "ERROR_RESPONSES",
     "Conflict",
     "Forbidden",
+    "add_answer_schemas",
+    "answer_doc",
     "error_response",
     "field_path",
     "install_error_handlers",
 ]
 
 log = logging.getLogger("trace_core.api")
+
+_REF = "#/components/schemas/{model}"
 
 _SOURCES = ("body", "query", "path", "header", "cookie")
 _HTTP_CODES = {
@@ -72,8 +82,54 @@ _HTTP_CODES = {
 }
 
 
+_ANSWER_MODELS: dict[str, type[BaseModel]] = {}
+
+
+def answer_doc(description: str, model: type[BaseModel] = ErrorBody) -> dict[str, Any]:
+    """An OpenAPI ``responses`` entry: ``model``'s JSON body, described.
+
+    The body is a reference to the component schema, not FastAPI's ``model``
+    key: with ``model`` FastAPI builds a pydantic field per route and status
+    code when the app is created (most of ``create_app``'s time), only to
+    render this same reference. :func:`add_answer_schemas` adds the schemas.
+    """
+    _ANSWER_MODELS[model.__name__] = model
+    return {
+        "description": description,
+        "content": {"application/json": {"schema": {"$ref": _REF.format(model=model.__name__)}}},
+    }
+
+
+def add_answer_schemas(document: dict[str, Any]) -> None:
+    """Add to ``document`` the component schemas of the :func:`answer_doc` models it uses."""
+    text = json.dumps(document.get("paths", {}))
+    mode: Literal["serialization"] = "serialization"
+    used = [
+        (name, mode, _adapter(model).core_schema)
+        for name, model in _ANSWER_MODELS.items()
+        if f'"{_REF.format(model=name)}"' in text
+    ]
+    if not used:
+        return
+    schemas = document.setdefault("components", {}).setdefault("schemas", {})
+    _, definitions = GenerateJsonSchema(ref_template=_REF).generate_definitions(used)
+    for name, schema in definitions.items():
+        # As get_openapi renders a schema: the description cut at "\f", then
+        # through the OpenAPI model (its key order, no null values).
+        if "description" in schema:
+            schema["description"] = str(schema["description"]).split("\f")[0]
+        rendered = jsonable_encoder(Schema.model_validate(schema), by_alias=True, exclude_none=True)
+        schemas.setdefault(name, rendered)
+    document["components"]["schemas"] = dict(sorted(schemas.items()))
+
+
+@functools.cache
+def _adapter(model: type[BaseModel]) -> TypeAdapter[Any]:
+    return TypeAdapter(model)
+
+
 def _doc(description: str) -> dict[str, Any]:
-    return {"model": ErrorBody, "description": description}
+    return answer_doc(description)
 
 
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {

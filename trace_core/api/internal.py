@@ -34,9 +34,8 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 
-from trace_core.api.errors import ERROR_RESPONSES, Conflict
+from trace_core.api.errors import ERROR_RESPONSES, Conflict, answer_doc
 from trace_core.api.models import (
-    ErrorBody,
     EventIn,
     EventsRequest,
     EventsResponse,
@@ -66,11 +65,9 @@ __all__ = [
     "to_events",
 ]
 
-_NOT_FOUND: dict[int | str, dict[str, Any]] = {
-    404: {"model": ErrorBody, "description": "No such task"}
-}
+_NOT_FOUND: dict[int | str, dict[str, Any]] = {404: answer_doc("No such task")}
 _STALE: dict[int | str, dict[str, Any]] = {
-    409: {"model": ErrorBody, "description": "Stale attempt or lease, or a refused transition"}
+    409: answer_doc("Stale attempt or lease, or a refused transition")
 }
 
 

@@ -42,10 +42,10 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query
 from fastapi.responses import JSONResponse, PlainTextResponse
 
-from trace_core.api.errors import ERROR_RESPONSES
+from trace_core.api.errors import ERROR_RESPONSES, answer_doc
 from trace_core.api.fields import Name
 from trace_core.api.internal import to_events
-from trace_core.api.models import ErrorBody, TriggerRequest, TriggerResponse
+from trace_core.api.models import TriggerRequest, TriggerResponse
 from trace_core.dispatcher.explain import Explanation
 from trace_core.dispatcher.metrics import CONTENT_TYPE
 from trace_core.dispatcher.service import Dispatcher
@@ -53,9 +53,7 @@ from trace_core.errors import ConfigurationError, DatabaseUnavailable, InvalidIn
 
 __all__ = ["health_router", "ops_router"]
 
-_NOT_FOUND: dict[int | str, dict[str, Any]] = {
-    404: {"model": ErrorBody, "description": "No such job"}
-}
+_NOT_FOUND: dict[int | str, dict[str, Any]] = {404: answer_doc("No such job")}
 
 
 class _Metrics(PlainTextResponse):

@@ -51,9 +51,8 @@ from fastapi.responses import JSONResponse
 from pydantic import AfterValidator, BaseModel, Field
 
 from trace_core.api.capability import TaskCapability
-from trace_core.api.errors import Forbidden, error_response
+from trace_core.api.errors import Forbidden, answer_doc, error_response
 from trace_core.api.fields import Attempt, Request, check_text
-from trace_core.api.models import ErrorBody
 from trace_core.api.task_scoped import TASK_ERROR_RESPONSES, check_current_attempt
 from trace_core.dispatcher.bounded import BoundedMemo
 from trace_core.dispatcher.service import Dispatcher
@@ -188,10 +187,7 @@ def dataset_views(
 
 
 _QUERY_RESPONSES: dict[int | str, dict[str, Any]] = {
-    403: {
-        "model": ErrorBody,
-        "description": "The query references a relation that is not one of the token's datasets",
-    }
+    403: answer_doc("The query references a relation that is not one of the token's datasets")
 }
 
 

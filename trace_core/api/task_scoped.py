@@ -43,7 +43,7 @@ from typing import Any
 from fastapi import APIRouter, Response
 
 from trace_core.api.capability import CapabilityRefused, TaskCapability, bind_capability
-from trace_core.api.errors import Conflict, Forbidden
+from trace_core.api.errors import Conflict, Forbidden, answer_doc
 from trace_core.api.internal import emit_task_events, heartbeat_task, report_task
 from trace_core.api.models import (
     ErrorBody,
@@ -72,7 +72,7 @@ _OUTPUTS_CACHE = 4096  # tasks
 
 
 def _doc(description: str, model: type[ErrorBody] = ErrorBody) -> dict[str, Any]:
-    return {"model": model, "description": description}
+    return answer_doc(description, model)
 
 
 TASK_ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {

@@ -42,7 +42,7 @@ from typing import Any
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
-from trace_core.api.errors import ERROR_RESPONSES
+from trace_core.api.errors import ERROR_RESPONSES, answer_doc
 from trace_core.api.internal import to_events
 from trace_core.api.models import WorkerRefusal
 from trace_core.api.reports import complete_attempt, fail_attempt
@@ -64,11 +64,8 @@ from trace_core.model import Fence
 __all__ = ["worker_router"]
 
 _REFUSALS: dict[int | str, dict[str, Any]] = {
-    404: {"model": WorkerRefusal, "description": "No such job"},
-    409: {
-        "model": WorkerRefusal,
-        "description": "Stale attempt or lease, or a contradicting report",
-    },
+    404: answer_doc("No such job", WorkerRefusal),
+    409: answer_doc("Stale attempt or lease, or a contradicting report", WorkerRefusal),
 }
 
 
