@@ -1,6 +1,6 @@
 """AWS adapters benchmark: SQS wake-ups and KMS-signed tokens, each against the lite path.
 
-    python -m benchmarks.aws --wakeups 2000 --tokens 300 --runs 3
+    python -m benchmarks.aws --wakeups 200 --tokens 300 --runs 3
 
 Everything AWS runs against moto's threaded server on loopback
 (``moto.server.ThreadedMotoServer``, started here with fake credentials), so
@@ -205,7 +205,7 @@ async def _run(endpoint: str, wakeups: int, tokens: int, run: int) -> dict[str, 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m benchmarks.aws", description=__doc__.split("\n")[0])
-    p.add_argument("--wakeups", type=int, default=2000, help="wake-ups per run (each way)")
+    p.add_argument("--wakeups", type=int, default=200, help="wake-ups per run (each way)")
     p.add_argument("--tokens", type=int, default=300, help="tokens per run (each way)")
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("-v", "--verbose", action="store_true")
