@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 import uuid
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -12,7 +14,7 @@ import pytest
 from tests.factories import make_items
 from trace_core.clock import ManualClock
 from trace_core.errors import ConfigurationError, InvalidTransition, NotFound, StaleClaim
-from trace_core.leasing import LeaseConfig, LeaseQueue
+from trace_core.leasing import FailOutcome, LeaseConfig, LeaseQueue, ReclaimHooks
 from trace_core.model import (
     INBOX_JOBS,
     JOB_OUTBOX_EVENTS,
@@ -25,6 +27,7 @@ from trace_core.model import (
     QueueSpec,
 )
 from trace_core.retry import Backoff, RetryClass, RetryPolicy
+from trace_core.storage.protocol import Transaction
 from trace_core.storage.sql import SqlRepository
 
 pytestmark = pytest.mark.anyio
@@ -280,8 +283,9 @@ async def test_retry_backoff_then_dead_letter(
     assert lease is not None and lease.attempt == 2
     outcome = await q.fail(lease.fence, "second error")
     assert not outcome.retrying and outcome.status == queue.dead
+    assert_dead_letter_path(queue, outcome)
     state = await q.inspect(item)
-    assert state.last_error == "second error"
+    assert state.status == queue.dead and state.last_error == "second error"
     assert (await q.claim(item, "w1")).reason is NotClaimedReason.DEAD_LETTERED
 
 
@@ -291,6 +295,7 @@ async def test_fatal_errors_dead_letter_at_once(
     q, _item, lease = await claimed(repo, queue, clock, max_attempts=5)
     outcome = await q.fail(lease.fence, "bad input", retry_class=RetryClass.FATAL)
     assert not outcome.retrying and outcome.status == queue.dead
+    assert_dead_letter_path(queue, outcome)
 
 
 async def test_throttled_failures_use_the_larger_bucket(
@@ -316,9 +321,31 @@ async def test_reclaim_dead_letters_when_attempts_are_exhausted(
     q = lease_queue(repo, queue, clock)
     assert (await q.claim(item, "w1")).claimed
     clock.advance(LEASE + 1)
-    report = await q.reclaim_expired()
+    outcomes: list[FailOutcome] = []
+
+    async def reasons(t: Transaction, fences: Sequence[Fence]) -> Mapping[Any, str]:
+        return {}
+
+    async def failed(t: Transaction, fence: Fence, outcome: FailOutcome, reason: str) -> None:
+        outcomes.append(outcome)
+
+    report = await q.reclaim_expired(hooks=ReclaimHooks(reasons, failed))
     assert report.dead_lettered == [item]
+    [outcome] = outcomes
+    assert not outcome.retrying
+    assert_dead_letter_path(queue, outcome)
     assert (await q.inspect(item)).status == queue.dead
+
+
+def assert_dead_letter_path(queue: QueueSpec, outcome: FailOutcome) -> None:
+    """The failure walked the queue's lifecycle edge by edge from its claimed
+    stage to the dead letter: an inbox job through ``failed`` (the contract's
+    table has no leased -> dead_letter edge), the other queues directly."""
+    expected = ("failed", "dead_letter") if queue is INBOX_JOBS else (queue.dead,)
+    assert outcome.path == expected
+    steps = (queue.claimed, *outcome.path)
+    for source, target in itertools.pairwise(steps):
+        assert queue.lifecycle.allows(source, target), (source, target)
 
 
 async def test_inbox_stages_follow_the_table(repo: SqlRepository, clock: ManualClock) -> None:

@@ -49,6 +49,10 @@ class FailOutcome:
     status: str
     retrying: bool
     """True if a retry is scheduled; False if the item is dead-lettered."""
+    path: tuple[str, ...] = ()
+    """Every status the failure moved the item through, in order (the last is
+    ``status``): ``("failed", "dead_letter")`` for an exhausted inbox job, whose
+    lifecycle has no edge from a leased stage to the dead letter."""
 
 
 @dataclass(frozen=True)
@@ -317,7 +321,8 @@ class LeaseQueue:
                     return None  # heartbeated or finished meanwhile: not ours to fail
                 await self._explain(t, fence, self.queue.retry_to)
         assert result is not None
-        return FailOutcome(*result)
+        path, retrying = result
+        return FailOutcome(path[-1], retrying, path)
 
     # --- maintenance --------------------------------------------------------
 

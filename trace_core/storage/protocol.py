@@ -273,11 +273,13 @@ class Transaction(Protocol):
         error: str,
         expired_before: datetime | None = None,
         timed_out: bool = False,
-    ) -> tuple[str, bool] | None:
+    ) -> tuple[tuple[str, ...], bool] | None:
         """Fenced failure of a leased item: retry (while budget remains) or dead-letter.
 
-        Returns the new status and whether a retry is scheduled, or ``None`` if
-        stale. With ``expired_before`` it
+        Returns the statuses the item moved through, in order (the last is
+        its new status; an inbox job dead-letters through ``failed``, the only
+        way its lifecycle allows), and whether a retry is scheduled, or
+        ``None`` if stale. With ``expired_before`` it
         only matches a lease that expired before then (the reclaim path).
         With ``expired_before`` or ``timed_out`` (an attempt that ran too
         long) the failure is a timeout: queues whose expiry bumps

@@ -350,11 +350,17 @@ class SqlTransaction:
         error: str,
         expired_before: datetime | None = None,
         timed_out: bool = False,
-    ) -> tuple[str, bool] | None:
+    ) -> tuple[tuple[str, ...], bool] | None:
         if not fence_storable(fence):
             return None  # no row holds such a fence: stale
         qt = self._stmts.table(queue)
         c = qt.c
+        # Where the lifecycle has no leased -> dead edge (inbox jobs:
+        # euterpe-contract.md section 3 allows only failed -> dead_letter),
+        # an exhausted failure first lands in the retry status and is then
+        # dead-lettered from there by a second fenced write.
+        via_retry = not any(queue.lifecycle.allows(s, queue.dead) for s in queue.leased)
+        dead = queue.retry_to if via_retry else queue.dead
         dead_retry_at = None if qt.retry_at.nullable else qt.retry_at
         values: dict[Any, Any] = {qt.error: error, c.lease_expires_at: None}
         retrying: sa.ColumnElement[bool]
@@ -362,12 +368,12 @@ class SqlTransaction:
             # The row's own budget decides, inside the statement.
             retrying = qt.attempt < c.max_attempts
             when = sa.bindparam("retry_at_value", retry_at, type_=qt.retry_at.type)
-            values[c.status] = sa.case((retrying, queue.retry_to), else_=queue.dead)
+            values[c.status] = sa.case((retrying, queue.retry_to), else_=dead)
             values[qt.retry_at] = sa.case((retrying, when), else_=dead_retry_at)
             values[qt.finished_at] = sa.case((retrying, qt.finished_at), else_=now)
         else:
             retrying = sa.false()
-            values[c.status] = queue.dead
+            values[c.status] = dead
             values[qt.retry_at] = dead_retry_at
             values[qt.finished_at] = now
         where = [*self._stmts.fence(qt), status_in(c.status, queue.leased)]
@@ -380,10 +386,34 @@ class SqlTransaction:
                 # The timeout mark: the lease expiry stays, and with it the
                 # holder's right to a late reply (LeaseStatements.finishable).
                 del values[c.lease_expires_at]
-        stmt = sa.update(qt.table).where(*where).values(values).returning(c.status, retrying)
+        stmt = (
+            sa.update(qt.table)
+            .where(*where)
+            .values(values)
+            .returning(c.status, retrying, c.claim_version)
+        )
         with translate_errors(f"fail {queue.name}"):
             row = (await self._execute(stmt, self._stmts.fence_params(fence))).first()
-        return None if row is None else (row[0], bool(row[1]))
+        if row is None:
+            return None
+        status, retried, claim_version = row[0], bool(row[1]), row[2]
+        if retried or not via_retry:
+            return (status,), retried
+        # failed -> dead_letter, in the caller's transaction and under the
+        # whole fence: the claim_version is the one the failure left (a
+        # reclaim bumped it).
+        moved = await self.transition(
+            queue,
+            Fence(fence.item_id, fence.attempt, fence.lease_token, claim_version),
+            sources=(queue.retry_to,),
+            target=queue.dead,
+            now=now,
+        )
+        if not moved:  # the row is locked by the update above: cannot happen
+            raise RuntimeError(
+                f"{queue.name} {fence.item_id}: failed -> {queue.dead} matched no row"
+            )
+        return (status, queue.dead), False
 
     async def expired(self, queue: QueueSpec, *, now: datetime, limit: int) -> list[Fence]:
         with translate_errors(f"expired {queue.name}"):
