@@ -94,14 +94,21 @@ def wakeup_body(task_id: uuid.UUID) -> str:
     return json.dumps({"task_id": str(task_id)})
 
 
-def parse_wakeup(body: str) -> uuid.UUID:
-    """The task id of a wake-up body; :class:`InvalidInput` naming what is wrong."""
+def json_object(body: str) -> dict[str, Any]:
+    """A message body that must be one JSON object; :class:`InvalidInput`
+    naming ``body`` otherwise."""
     try:
         message = json.loads(body)
     except ValueError:
         raise InvalidInput("body", "not JSON") from None
     if not isinstance(message, dict):
         raise InvalidInput("body", "not a JSON object")
+    return message
+
+
+def parse_wakeup(body: str) -> uuid.UUID:
+    """The task id of a wake-up body; :class:`InvalidInput` naming what is wrong."""
+    message = json_object(body)
     if set(message) != {"task_id"}:
         extra = sorted(set(message) - {"task_id"})
         reason = f"unexpected keys {extra}" if extra else "missing"

@@ -50,7 +50,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from trace_aws.sqs import BATCH_LIMIT, call_sqs
+from trace_aws.sqs import BATCH_LIMIT, call_sqs, json_object
 from trace_aws.sqs_dead_letter import DeadLetterQueue
 from trace_core.authoring.events import DatasetEvent
 from trace_core.dispatcher.events import EventGateway
@@ -107,12 +107,7 @@ def parse_buffer_message(body: str) -> BufferMessage:
     Only the envelope is checked here; the records are checked against their
     schema by the sink.
     """
-    try:
-        message = json.loads(body)
-    except ValueError:
-        raise InvalidInput("body", "not JSON") from None
-    if not isinstance(message, dict):
-        raise InvalidInput("body", "not a JSON object")
+    message = json_object(body)
     missing, extra = sorted(_KEYS - set(message)), sorted(set(message) - _KEYS)
     if missing:
         raise InvalidInput(f"body.{missing[0]}", "missing")

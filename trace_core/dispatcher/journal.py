@@ -8,26 +8,11 @@ per-event routing outcomes live on the ``events`` rows themselves.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
-from datetime import datetime
 from typing import Any
 
 from trace_core.storage.protocol import Transaction
 
-__all__ = ["JournalEntry", "read_journal", "record"]
-
-
-async def record(
-    tx: Transaction,
-    job_id: uuid.UUID,
-    kind: str,
-    message: str,
-    *,
-    now: datetime,
-    detail: Mapping[str, Any] | None = None,
-) -> None:
-    """Append one decision about ``job_id`` in the caller's transaction."""
-    await tx.journal.append(job_id, kind, message, now=now, detail=detail)
+__all__ = ["JournalEntry", "read_journal"]
 
 
 class JournalEntry(dict[str, Any]):
