@@ -408,6 +408,9 @@ job_outbox_events = sa.Table(
     sa.Column("id", Uuid(), primary_key=True, default=uuid.uuid4),  # the stable event_id
     sa.Column("job_id", Uuid(), sa.ForeignKey("inbox_jobs.id"), nullable=False),
     sa.Column("event_type", sa.Text(), nullable=False),
+    # the event's place among its job's events (1, 2, …): webhooks of one job
+    # go out in this order, whatever order the deliverers claim them in (0004)
+    sa.Column("sequence", sa.Integer(), nullable=False, server_default="0"),
     _json("payload"),
     sa.Column("status", sa.Text(), nullable=False, server_default="pending"),
     sa.Column("attempts", sa.Integer(), nullable=False, server_default="0"),
@@ -433,6 +436,71 @@ job_outbox_events = sa.Table(
         sqlite_where=sa.text("status = 'delivering'"),
     ),
     sa.Index("idx_job_outbox_events_job", "job_id"),
+)
+
+# --- Euterpe service (euterpe-contract.md §3, §6, §8, §9): keys, history, receipts (0004) ---
+
+# API keys of requesters: only a SHA-256 digest of each key is stored (keys are
+# 256-bit random strings, so a fast digest is enough); a key maps to exactly
+# one requester, and a revoked key stays for audit.
+euterpe_api_keys = sa.Table(
+    "euterpe_api_keys",
+    metadata,
+    _id(),
+    sa.Column("requester_id", sa.Text(), nullable=False),
+    sa.Column("key_digest", sa.Text(), nullable=False, unique=True),
+    sa.Column("label", sa.Text()),
+    _created(),
+    sa.Column("revoked_at", UTCDateTime()),
+    sa.Index("idx_euterpe_api_keys_requester", "requester_id"),
+)
+
+# Every status an inbox job passed through, written in the transaction of the
+# transition (with its job_outbox_events row): what `GET /transcode/status`
+# and operators read to see how a job got where it is.
+inbox_job_history = sa.Table(
+    "inbox_job_history",
+    metadata,
+    _id(),
+    sa.Column("job_id", Uuid(), sa.ForeignKey("inbox_jobs.id"), nullable=False),
+    sa.Column("from_status", sa.Text()),
+    sa.Column("to_status", sa.Text(), nullable=False),
+    sa.Column("claim_version", sa.BigInteger(), nullable=False),
+    sa.Column("attempt_count", sa.Integer(), nullable=False),
+    sa.Column("worker_id", sa.Text()),
+    sa.Column("reason", sa.Text()),
+    _created(),
+    sa.Index("idx_inbox_job_history_job", "job_id", "created_at"),
+)
+
+# Jobs removed by the retention pruner: a status read of one answers 410 Gone
+# (not 404) for as long as the tombstone is kept.
+inbox_job_tombstones = sa.Table(
+    "inbox_job_tombstones",
+    metadata,
+    sa.Column("job_id", Uuid(), primary_key=True),
+    sa.Column("requester_id", sa.Text(), nullable=False),
+    sa.Column("final_status", sa.Text(), nullable=False),
+    sa.Column("pruned_at", UTCDateTime(), nullable=False),
+)
+
+# The webhook receiver helper's memory (for requesters that verify deliveries
+# with Trace's helper on their own database): nonces seen inside the replay
+# window, and event ids already processed (dedupe by event_id, §9).
+webhook_nonces = sa.Table(
+    "webhook_nonces",
+    metadata,
+    sa.Column("nonce", sa.Text(), primary_key=True),
+    sa.Column("expires_at", UTCDateTime(), nullable=False),
+    sa.Index("idx_webhook_nonces_expiry", "expires_at"),
+)
+
+webhook_events_seen = sa.Table(
+    "webhook_events_seen",
+    metadata,
+    sa.Column("event_id", Uuid(), primary_key=True),
+    sa.Column("received_at", UTCDateTime(), nullable=False),
+    sa.Index("idx_webhook_events_seen_received", "received_at"),
 )
 
 idempotency_keys = sa.Table(
