@@ -1,6 +1,6 @@
-"""AWS adapters benchmark: SQS wake-ups and KMS-signed tokens, each against the lite path.
+"""AWS adapters benchmark: SQS wake-ups, claim->complete, KMS tokens, each against lite.
 
-    python -m benchmarks.aws --wakeups 200 --tokens 300 --runs 3
+    python -m benchmarks.aws --wakeups 200 --tokens 300 --tasks 200 --runs 3
 
 Everything AWS runs against moto's threaded server on loopback
 (``moto.server.ThreadedMotoServer``, started here with fake credentials), so
@@ -15,6 +15,14 @@ endpoint, not AWS itself. Each run measures, in alternating order:
 - ``tokens``: ``--tokens`` capability tokens issued one after the other by
   a ``TokenIssuer`` over a ``KeyRing`` whose signer is the ``KmsSigner``
   (one ``Sign`` call per token), against the same over a ``PrivateKeySigner``.
+- ``claim_complete``: ``--tasks`` tasks on a Postgres state database (a
+  throwaway cluster) woken through SQS and drained by an ``SqsWorker``
+  (``--concurrency`` at once) that claims and completes each over HTTP with
+  ``trace-aws serve`` (a subprocess: KMS-signed capability tokens), against
+  the same tasks on the lite in-process path (in-process wake-up queue, direct
+  claim and complete); see :mod:`benchmarks._aws_claims`. Every wake-up must
+  end ``completed`` and every task ``Completed``. ``--tasks 0`` skips it
+  (no Postgres, no server).
 
 Each AWS figure has ``<name>_lite_over_aws`` = lite per second / AWS per
 second (above 1: the AWS path is that many times slower). One JSON object per run,
@@ -29,11 +37,12 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import TYPE_CHECKING, Any
 
 import anyio
 
+from benchmarks._aws_claims import ClaimBench, PathResult
 from benchmarks._common import configure_logging, emit, load_average, log, summarize
 from trace_aws.kms import KmsSigner, kms_client
 from trace_aws.sqs import BATCH_LIMIT, SqsWakeupQueue, call_sqs, parse_wakeup, sqs_client
@@ -66,7 +75,11 @@ _KEYS = (
     "tokens_aws_per_s",
     "tokens_lite_per_s",
     "tokens_lite_over_aws",
+    "claim_complete_aws_per_s",
+    "claim_complete_lite_per_s",
+    "claim_complete_lite_over_aws",
 )
+_FIGURES = ("wakeups", "tokens", "claim_complete")
 
 
 @contextmanager
@@ -175,7 +188,9 @@ def _per_s(count: int, seconds: float) -> float:
     return round(count / seconds, 1) if seconds > 0 else 0.0
 
 
-async def _run(endpoint: str, wakeups: int, tokens: int, run: int) -> dict[str, Any]:
+async def _run(
+    endpoint: str, wakeups: int, tokens: int, run: int, claims: ClaimBench | None
+) -> dict[str, Any]:
     sqs = sqs_client(REGION, endpoint)
     kms = kms_client(REGION, endpoint)
     key = kms.create_key(KeyUsage="SIGN_VERIFY", KeySpec="ECC_NIST_P256")["KeyMetadata"]["Arn"]
@@ -185,6 +200,7 @@ async def _run(endpoint: str, wakeups: int, tokens: int, run: int) -> dict[str, 
     # Alternate which side goes first, so neither always meets a warmer process.
     aws_first = run % 2 == 0
     for aws in (aws_first, not aws_first):
+        side = "aws" if aws else "lite"
         if aws:
             seconds, received, deleted = await _sqs_wakeups(sqs, wakeups, run)
             out["wakeups_aws_received"], out["wakeups_aws_deleted"] = received, deleted
@@ -197,9 +213,24 @@ async def _run(endpoint: str, wakeups: int, tokens: int, run: int) -> dict[str, 
             out["wakeups_lite_per_s"] = _per_s(received, seconds)
             seconds, issued = await _tokens(lite_signer, tokens)
             out["tokens_lite_issued"], out["tokens_lite_per_s"] = issued, _per_s(issued, seconds)
-    for name in ("wakeups", "tokens"):
+        if claims is not None:
+            got: PathResult = await (claims.aws(run) if aws else claims.lite(run))
+            seconds, outcomes = got
+            done = outcomes.get("completed", 0)
+            if outcomes != {"completed": claims.tasks}:
+                raise RuntimeError(f"claim->complete ({side}): outcomes {outcomes}")
+            out[f"claim_complete_{side}_outcomes"] = outcomes
+            out[f"claim_complete_{side}_completed"] = done
+            out[f"claim_complete_{side}_per_s"] = _per_s(done, seconds)
+    for name in _FIGURES:
+        if f"{name}_aws_per_s" not in out:
+            continue
         aws = out[f"{name}_aws_per_s"]
         out[f"{name}_lite_over_aws"] = round(out[f"{name}_lite_per_s"] / aws, 2) if aws else None
+    if claims is not None:
+        # Cumulative over the runs: every task of every run so far, on each path.
+        out["claim_complete_aws_tasks_completed"] = claims.completed(aws=True)
+        out["claim_complete_lite_tasks_completed"] = claims.completed(aws=False)
     return out
 
 
@@ -207,30 +238,52 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m benchmarks.aws", description=__doc__.split("\n")[0])
     p.add_argument("--wakeups", type=int, default=200, help="wake-ups per run (each way)")
     p.add_argument("--tokens", type=int, default=300, help="tokens per run (each way)")
+    p.add_argument("--tasks", type=int, default=200, help="claim->complete tasks per run (0: skip)")
+    p.add_argument("--concurrency", type=int, default=4, help="claim->complete tasks at once")
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("-v", "--verbose", action="store_true")
     args = p.parse_args(argv)
-    for name in ("wakeups", "tokens", "runs"):
+    for name in ("wakeups", "tokens", "concurrency", "runs"):
         if getattr(args, name) < 1:
             p.error(f"--{name} must be >= 1")
+    if args.tasks < 0:
+        p.error("--tasks must be >= 0")
     return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the benchmark; one JSON object per run, then a summary."""
     args = _parse(argv)
-    configure_logging(args.verbose, "werkzeug", "botocore", "moto")
+    # The worker logs every task at INFO (and httpx every request): not the
+    # benchmark's output, and the formatting would be timed on one path only.
+    quiet = ("werkzeug", "botocore", "moto", "httpx", "trace_aws", "trace_core.worker")
+    configure_logging(args.verbose, *quiet)
     results: list[dict[str, Any]] = []
-    with moto_server() as endpoint:
+    with ExitStack() as stack:
+        endpoint = stack.enter_context(moto_server())
+        claims = None
+        if args.tasks:
+            log.info("claim->complete: Postgres, the AWS resources and trace-aws serve")
+            claims = stack.enter_context(ClaimBench(endpoint, args.tasks, args.concurrency, REGION))
         for run in range(args.runs):
             load = load_average()
-            log.info("run %d: %d wake-ups, %d tokens", run, args.wakeups, args.tokens)
-            got = anyio.run(_run, endpoint, args.wakeups, args.tokens, run, backend="asyncio")
+            log.info(
+                "run %d: %d wake-ups, %d tokens, %d tasks",
+                run,
+                args.wakeups,
+                args.tokens,
+                args.tasks,
+            )
+            got = anyio.run(
+                _run, endpoint, args.wakeups, args.tokens, run, claims, backend="asyncio"
+            )
             row = {
                 "bench": "aws",
                 "run": run,
                 "wakeups": args.wakeups,
                 "tokens": args.tokens,
+                "tasks": args.tasks,
+                "concurrency": args.concurrency,
                 **got,
                 "load_avg_1m": load,
             }
