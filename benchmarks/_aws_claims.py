@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -126,9 +127,7 @@ class ClaimBench:
                 self._server.kill()
                 self._server.wait(timeout=30)
         self._dbs.__exit__(exc_type, exc, tb)
-        for path in self._scratch.iterdir():
-            path.unlink()
-        self._scratch.rmdir()
+        shutil.rmtree(self._scratch, ignore_errors=True)
 
     def _aws_resources(self) -> str:
         """The signing key, and the wake-up queue with its DLQ; the key's id."""

@@ -225,12 +225,15 @@ async def _run(
     for name in _FIGURES:
         if f"{name}_aws_per_s" not in out:
             continue
-        aws = out[f"{name}_aws_per_s"]
-        out[f"{name}_lite_over_aws"] = round(out[f"{name}_lite_per_s"] / aws, 2) if aws else None
+        rate = out[f"{name}_aws_per_s"]
+        out[f"{name}_lite_over_aws"] = round(out[f"{name}_lite_per_s"] / rate, 2) if rate else None
     if claims is not None:
         # Cumulative over the runs: every task of every run so far, on each path.
-        out["claim_complete_aws_tasks_completed"] = claims.completed(aws=True)
-        out["claim_complete_lite_tasks_completed"] = claims.completed(aws=False)
+        for side in ("aws", "lite"):
+            completed = claims.completed(aws=side == "aws")
+            if completed != claims.tasks * (run + 1):
+                raise RuntimeError(f"claim->complete ({side}): {completed} tasks Completed")
+            out[f"claim_complete_{side}_tasks_completed"] = completed
     return out
 
 
