@@ -231,6 +231,15 @@ def test_url_policy() -> None:
     with pytest.raises(InvalidInput):
         dev.check("http://192.168.1.4/hook", "u")
     UrlPolicy(allow_private=True).check("http://192.168.1.4/hook", "u")
+    for legacy in (
+        "http://2130706433/",
+        "http://127.1/",
+        "http://0x7f.0.0.1/",
+        "http://0251.0376.0251.0376/",
+    ):
+        with pytest.raises(InvalidInput, match="address range"):
+            UrlPolicy().check(legacy, "u")
+    UrlPolicy().check("https://123.example.com/", "u")  # a name that starts with digits
     for address in ("169.254.169.254", "0.0.0.0", "224.0.0.1", "::ffff:127.0.0.1", "fe80::1"):
         assert not UrlPolicy(allow_private=True).address_allowed(ipaddress.ip_address(address))
     assert UrlPolicy().address_allowed(ipaddress.ip_address("93.184.216.34"))

@@ -35,6 +35,7 @@ the same credential-free document, stored as ``inbox_jobs.request``.
 from __future__ import annotations
 
 import ipaddress
+import socket
 import unicodedata
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -246,9 +247,8 @@ class UrlPolicy:
             if not self.allow_loopback:
                 raise InvalidInput(field, "loopback hosts are not allowed")
             return
-        try:
-            address = ipaddress.ip_address(host)
-        except ValueError:
+        address = _ip_literal(host)
+        if address is None:
             return  # a name: its resolved address is checked when connecting
         if not self.address_allowed(address):
             raise InvalidInput(field, "the host's address range is not allowed")
@@ -265,6 +265,20 @@ class UrlPolicy:
         if address.is_private or not address.is_global:
             return self.allow_private
         return True
+
+
+def _ip_literal(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """The address ``host`` spells, including the legacy IPv4 forms resolvers
+    still accept (``2130706433``, ``127.1``, ``0x7f.0.0.1``: all 127.0.0.1);
+    None for a host name."""
+    try:
+        return ipaddress.ip_address(host)
+    except ValueError:
+        pass
+    try:
+        return ipaddress.IPv4Address(socket.inet_aton(host))
+    except OSError:
+        return None
 
 
 def _field_path(loc: Sequence[int | str]) -> str:
