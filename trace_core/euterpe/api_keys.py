@@ -123,13 +123,13 @@ class ApiKeys:
         digest = key_digest(presented)
         async with self.repo.read() as tx:
             match = await tx.api_keys.find_by_digest(digest)
-        # The lookup found the row by digest; the constant-time comparison is
-        # the check that decides, so a lookup that matched loosely (collation,
-        # padding) can never authenticate.
-        if match is None:
-            hmac.compare_digest(digest, digest)  # same work either way
-            raise ApiKeyRefused()
-        if not hmac.compare_digest(match.key_digest, digest) or match.key.revoked_at is not None:
+        # The lookup finds the row; the constant-time comparison of the stored
+        # digest is the check that decides, so only an exact match authenticates.
+        if (
+            match is None
+            or not hmac.compare_digest(match.key_digest, digest)
+            or match.key.revoked_at is not None
+        ):
             raise ApiKeyRefused()
         return match.key.requester_id
 

@@ -75,9 +75,10 @@ class JobEnqueuer(Protocol):
         refresh_url: str | None,
         sealed: SealedCredentials,
         max_attempts: int,
-    ) -> None:
+    ) -> object:
         """Insert job ``job_id`` in ``tx`` (with its history and first event,
-        if the inbox area writes them); ``request`` holds no credentials."""
+        if the inbox area writes them); ``request`` holds no credentials. What
+        it returns (the inbox service returns the job id) is not used."""
         ...
 
 

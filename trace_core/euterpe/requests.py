@@ -140,10 +140,9 @@ def _url_shape(value: str) -> str:
         raise ValueError("must not contain whitespace")
     try:
         parts = urlsplit(value)
-        port = parts.port  # raises for a malformed port
+        _ = parts.port  # read for its check: a malformed port raises here
     except ValueError:
         raise ValueError("must be an absolute http or https URL") from None
-    del port
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError("must be an absolute http or https URL")
     if parts.username is not None or parts.password is not None:
