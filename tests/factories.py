@@ -310,3 +310,72 @@ async def wait_until(
                 detail = await detail
             pytest.fail(f"timed out waiting for {what}: {detail}")
         await anyio.sleep(0.02)
+
+
+# --- Euterpe inbox jobs -----------------------------------------------------------
+
+
+async def insert_inbox_job(
+    tx: Any,
+    *,
+    job_id: uuid.UUID,
+    requester_id: str,
+    now: datetime,
+    request: dict[str, Any] | None = None,
+    status_webhook_url: str | None = None,
+    refresh_url: str | None = None,
+    sealed: Any = None,
+    max_attempts: int = 5,
+) -> None:
+    """Insert one ``queued`` inbox job row directly, with its sealed credentials
+    (a ``SealedCredentials`` or None), in the SQL transaction ``tx``. Tests
+    only: the inbox area's own enqueue is the production path."""
+    await tx.connection.execute(
+        sa.insert(schema.inbox_jobs).values(
+            id=job_id,
+            requester_id=requester_id,
+            request=request or {},
+            status_webhook_url=status_webhook_url,
+            refresh_url=refresh_url,
+            max_attempts=max_attempts,
+            storage_creds_encrypted=sealed.encrypted if sealed else None,
+            storage_creds_dek_wrapped=sealed.dek_wrapped if sealed else None,
+            storage_creds_kek_id=sealed.kek_id if sealed else None,
+            storage_creds_encryption_version=sealed.encryption_version if sealed else None,
+            available_at=now,
+            created_at=now,
+            updated_at=now,
+        )
+    )
+
+
+class RowJobEnqueuer:
+    """A ``JobEnqueuer`` (trace_core.euterpe.intake) that inserts the row with
+    :func:`insert_inbox_job`; the lead plugs the inbox area's real one."""
+
+    def __init__(self, clock: ManualClock) -> None:
+        self.clock = clock
+
+    async def enqueue(
+        self,
+        tx: Any,
+        *,
+        job_id: uuid.UUID,
+        requester_id: str,
+        request: dict[str, Any],
+        status_webhook_url: str | None,
+        refresh_url: str | None,
+        sealed: Any,
+        max_attempts: int,
+    ) -> None:
+        await insert_inbox_job(
+            tx,
+            job_id=job_id,
+            requester_id=requester_id,
+            now=self.clock.now(),
+            request=request,
+            status_webhook_url=status_webhook_url,
+            refresh_url=refresh_url,
+            sealed=sealed,
+            max_attempts=max_attempts,
+        )

@@ -19,9 +19,11 @@ from typing import Any, Literal, Protocol
 
 from trace_core.model import Fence, ItemState, Lease, QueueSpec
 from trace_core.storage.ports import DeployOps, LaunchOps, RegistryOps, SourceOps, TaskOps
+from trace_core.storage.ports.api_keys import ApiKeyOps
 from trace_core.storage.ports.concurrency import ConcurrencyOps
 from trace_core.storage.ports.events import EventOps
 from trace_core.storage.ports.explain import ExplainOps
+from trace_core.storage.ports.inbox_credentials import InboxCredentialOps
 from trace_core.storage.ports.job_states import JobStateOps
 from trace_core.storage.ports.journal import JournalOps
 from trace_core.storage.ports.operator_state import OperatorStateOps
@@ -200,6 +202,16 @@ class Transaction(Protocol):
     @property
     def journal(self) -> JournalOps:
         """The job journal: why a job did or did not run."""
+        ...
+
+    @property
+    def api_keys(self) -> ApiKeyOps:
+        """Euterpe's requester API keys (digests only)."""
+        ...
+
+    @property
+    def inbox_credentials(self) -> InboxCredentialOps:
+        """Inbox jobs' sealed storage credentials (guarded refresh and re-wrap)."""
         ...
 
     # --- the ownership protocol, one implementation for every queue ---------

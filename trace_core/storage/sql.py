@@ -29,11 +29,13 @@ from trace_core.storage.protocol import (
     TaskWakeup,
     Transaction,
 )
+from trace_core.storage.sql_api_keys import SqlApiKeyOps
 from trace_core.storage.sql_concurrency import SqlConcurrencyOps
 from trace_core.storage.sql_deploy import SqlDeployOps
 from trace_core.storage.sql_errors import translate_errors
 from trace_core.storage.sql_events import SqlEventOps
 from trace_core.storage.sql_explain import SqlExplainOps
+from trace_core.storage.sql_inbox_credentials import SqlInboxCredentialOps
 from trace_core.storage.sql_job_states import SqlJobStateOps
 from trace_core.storage.sql_journal import SqlJournalOps
 from trace_core.storage.sql_launch import SqlLaunchOps
@@ -227,6 +229,16 @@ class SqlTransaction:
     def journal(self) -> SqlJournalOps:
         """The job journal (:mod:`~trace_core.storage.sql_journal`)."""
         return SqlJournalOps(self)
+
+    @functools.cached_property
+    def api_keys(self) -> SqlApiKeyOps:
+        """Euterpe's requester API keys (:mod:`~trace_core.storage.sql_api_keys`)."""
+        return SqlApiKeyOps(self)
+
+    @functools.cached_property
+    def inbox_credentials(self) -> SqlInboxCredentialOps:
+        """Inbox jobs' sealed credentials (:mod:`~trace_core.storage.sql_inbox_credentials`)."""
+        return SqlInboxCredentialOps(self)
 
     # --- ownership protocol -------------------------------------------------
 

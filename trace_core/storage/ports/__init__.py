@@ -7,6 +7,11 @@ its SQL implementation is ``trace_core/storage/sql_<area>.py``. Nothing here
 imports SQLAlchemy. See docs/architecture.md, "The storage seam".
 """
 
+from trace_core.storage.ports.api_keys import (
+    ApiKeyOps,
+    ApiKeyRecord,
+    DigestMatch,
+)
 from trace_core.storage.ports.concurrency import (
     ConcurrencyOps,
     JobClaimSettings,
@@ -37,6 +42,11 @@ from trace_core.storage.ports.explain import (
     FailedAttempt,
     InputEvent,
     JobStateFlags,
+)
+from trace_core.storage.ports.inbox_credentials import (
+    InboxCredentialOps,
+    JobCredentials,
+    SealedCredentials,
 )
 from trace_core.storage.ports.job_states import (
     JobStateOps,
@@ -103,20 +113,25 @@ from trace_core.storage.ports.tasks import (
 )
 
 __all__ = [
+    "ApiKeyOps",
+    "ApiKeyRecord",
     "ConcurrencyOps",
     "CronState",
     "DagDataset",
     "DagVersionRef",
     "DagVersionRow",
     "DeployOps",
+    "DigestMatch",
     "EventKey",
     "EventOps",
     "ExplainOps",
     "ExplainedJob",
     "FailedAttempt",
     "HeldLease",
+    "InboxCredentialOps",
     "InputEvent",
     "JobClaimSettings",
+    "JobCredentials",
     "JobOutputs",
     "JobRecord",
     "JobStateFlags",
@@ -145,6 +160,7 @@ __all__ = [
     "RoutingOps",
     "RuntimeRoute",
     "ScaleState",
+    "SealedCredentials",
     "SetRoute",
     "SingleInputJob",
     "SourceOps",
