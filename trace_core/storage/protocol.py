@@ -22,6 +22,7 @@ from trace_core.storage.ports import DeployOps, LaunchOps, RegistryOps, SourceOp
 from trace_core.storage.ports.concurrency import ConcurrencyOps
 from trace_core.storage.ports.events import EventOps
 from trace_core.storage.ports.explain import ExplainOps
+from trace_core.storage.ports.inbox import InboxOps
 from trace_core.storage.ports.job_states import JobStateOps
 from trace_core.storage.ports.journal import JournalOps
 from trace_core.storage.ports.operator_state import OperatorStateOps
@@ -200,6 +201,11 @@ class Transaction(Protocol):
     @property
     def journal(self) -> JournalOps:
         """The job journal: why a job did or did not run."""
+        ...
+
+    @property
+    def inbox(self) -> InboxOps:
+        """Euterpe's inbox jobs: insertion, history, webhook events, refresh counter, pruning."""
         ...
 
     # --- the ownership protocol, one implementation for every queue ---------

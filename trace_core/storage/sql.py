@@ -34,6 +34,7 @@ from trace_core.storage.sql_deploy import SqlDeployOps
 from trace_core.storage.sql_errors import translate_errors
 from trace_core.storage.sql_events import SqlEventOps
 from trace_core.storage.sql_explain import SqlExplainOps
+from trace_core.storage.sql_inbox import SqlInboxOps
 from trace_core.storage.sql_job_states import SqlJobStateOps
 from trace_core.storage.sql_journal import SqlJournalOps
 from trace_core.storage.sql_launch import SqlLaunchOps
@@ -227,6 +228,11 @@ class SqlTransaction:
     def journal(self) -> SqlJournalOps:
         """The job journal (:mod:`~trace_core.storage.sql_journal`)."""
         return SqlJournalOps(self)
+
+    @functools.cached_property
+    def inbox(self) -> SqlInboxOps:
+        """Euterpe's inbox jobs, history and events (:mod:`~trace_core.storage.sql_inbox`)."""
+        return SqlInboxOps(self)
 
     # --- ownership protocol -------------------------------------------------
 
