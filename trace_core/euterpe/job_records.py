@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -72,6 +72,7 @@ async def record(
     *,
     now: datetime,
     event_max_attempts: int,
+    new_event_id: Callable[[], uuid.UUID] = uuid.uuid4,
 ) -> list[uuid.UUID]:
     """Write the history rows and events of ``transitions`` in ``t``; the ids
     of the events written, in order. The jobs' rows must have been changed in
@@ -103,7 +104,9 @@ async def record(
                 continue  # a requester that polls only (§14): nothing to deliver
             sequence = sequences.get(tr.job_id, snap.next_sequence)
             sequences[tr.job_id] = sequence + 1
-            events.append(_event(tr, snap, target, sequence, now, event_max_attempts))
+            events.append(
+                _event(tr, snap, target, new_event_id(), sequence, now, event_max_attempts)
+            )
     await t.inbox.append_history(history)
     await t.inbox.insert_events(events, now=now)
     if events:
@@ -115,11 +118,11 @@ def _event(
     tr: Transition,
     snap: JobSnapshot,
     status: str,
+    event_id: uuid.UUID,
     sequence: int,
     now: datetime,
     max_attempts: int,
 ) -> NewJobEvent:
-    event_id = uuid.uuid4()
     metadata: dict[str, Any] = {
         "claim_version": snap.claim_version,
         "max_attempts": snap.max_attempts,

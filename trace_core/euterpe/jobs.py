@@ -102,6 +102,7 @@ class InboxJobs:
         retry: RetryPolicy | None = None,
         rng: random.Random | None = None,
         on_commit: OnCommit | None = None,
+        new_event_id: Callable[[], uuid.UUID] = uuid.uuid4,
     ) -> None:
         self.repo = repo
         self.clock = clock or SystemClock()
@@ -109,6 +110,7 @@ class InboxJobs:
         self.retry = retry or RetryPolicy()
         self._rng = rng or random.Random()
         self.on_commit = on_commit
+        self._new_event_id = new_event_id
         self.queue = LeaseQueue(
             repo,
             INBOX_JOBS,
@@ -358,6 +360,25 @@ class InboxJobs:
         self._committed(events)
         return ids
 
+    async def dead_letter_failed(
+        self, job_ids: Sequence[uuid.UUID], *, error: NormalizedError
+    ) -> set[uuid.UUID]:
+        """Dead-letter failed jobs at once (an operator's "unrecoverable"
+        decision, §3 ``failed -> dead_letter``), with their history and
+        ``dead_letter`` events; the ids moved. Jobs in any other status are
+        left alone (the table has no other edge into ``dead_letter``)."""
+        now = self.clock.now()
+        async with self.repo.transaction() as t:
+            moved = await self.queue.dead_letter(job_ids, reason=error_text(error), tx=t)
+            ids = sorted(_job_id(i) for i in moved)
+            transitions = [
+                Transition(i, [("failed", "dead_letter")], reason=error.code, error=error)
+                for i in ids
+            ]
+            events = await self._record(t, transitions, now)
+        self._committed(events)
+        return set(ids)
+
     async def prune(self, older_than: timedelta) -> list[uuid.UUID]:
         """Remove finished jobs (succeeded or dead-lettered more than
         ``older_than`` ago, with every event delivered or dead-lettered),
@@ -401,7 +422,11 @@ class InboxJobs:
         self, t: Transaction, transitions: Sequence[Transition], now: datetime
     ) -> list[uuid.UUID]:
         return await record(
-            t, transitions, now=now, event_max_attempts=self.config.event_max_attempts
+            t,
+            transitions,
+            now=now,
+            event_max_attempts=self.config.event_max_attempts,
+            new_event_id=self._new_event_id,
         )
 
     @staticmethod
