@@ -25,6 +25,7 @@ from trace_core.errors import (
     StaleClaim,
 )
 from trace_core.euterpe.events import NormalizedError
+from trace_core.euterpe.job_maintenance import InboxMaintenance
 from trace_core.euterpe.job_status import JobPruned, JobStatus
 from trace_core.euterpe.jobs import InboxJobs, JobsConfig
 from trace_core.leasing import LeaseQueue
@@ -247,7 +248,7 @@ async def test_every_allowed_transition_is_taken_and_recorded(
         assert outcome.path == ("failed",) and outcome.retrying
         await collect(job)
     clock.advance(1000)
-    assert len(await jobs.requeue_due()) == 4  # failed -> queued
+    assert len(await InboxMaintenance(jobs).requeue_due()) == 4  # failed -> queued
     job, lease = await claimed(jobs)
     outcome = await jobs.fail(lease.fence, BROKEN)  # failed -> dead_letter
     assert outcome.path == ("failed", "dead_letter") and not outcome.retrying
@@ -288,7 +289,7 @@ def attempts_of(jobs: InboxJobs, job: uuid.UUID, fence: Fence) -> dict[str, Call
         "succeeded": lambda: jobs.succeed(fence, OUTPUTS),
         "failed": lambda: jobs.fail(fence, UNAVAILABLE),
         "queued": lambda: jobs.release(fence, reason="again"),
-        "dead_letter": lambda: jobs.dead_letter_failed([job], error=BROKEN),
+        "dead_letter": lambda: InboxMaintenance(jobs).dead_letter_failed([job], error=BROKEN),
     }
 
 
@@ -333,8 +334,8 @@ async def test_random_walks_stay_inside_the_table(
         before = await jobs.status(job)
         ops: dict[str, Callable[[], Any]] = {
             **attempts_of(jobs, job, fence),
-            "requeue_due": lambda: jobs.requeue_due(),
-            "reclaim": lambda: jobs.reclaim_expired(),
+            "requeue_due": lambda: InboxMaintenance(jobs).requeue_due(),
+            "reclaim": lambda: InboxMaintenance(jobs).reclaim_expired(),
         }
         name = rng.choice(sorted(ops))
         try:
@@ -388,10 +389,10 @@ async def test_a_stale_fence_changes_nothing_anywhere(
     job, old = await claimed(jobs)
     await jobs.advance(old.fence, "fetching")
     clock.advance(LEASE + 1)
-    report = await jobs.reclaim_expired()
+    report = await InboxMaintenance(jobs).reclaim_expired()
     assert report.retried == [job]
     clock.advance(1000)
-    assert await jobs.requeue_due() == [job]
+    assert await InboxMaintenance(jobs).requeue_due() == [job]
     new = (await jobs.claim(job, "w2")).lease
     assert new is not None and new.claim_version > old.claim_version
     before = await jobs.status(job)
@@ -469,7 +470,7 @@ async def test_exhausted_attempts_dead_letter_through_failed(
     assert status.status == "failed" and status.error == UNAVAILABLE
     assert status.next_attempt_at == clock.now() + timedelta(seconds=10)  # no jitter here
     clock.advance(10)
-    assert await jobs.requeue_due() == [job]
+    assert await InboxMaintenance(jobs).requeue_due() == [job]
     lease = (await jobs.claim(job, "w1")).lease
     assert lease is not None and lease.attempt == 2
     last = await jobs.fail(lease.fence, UNAVAILABLE, http_status=502)
@@ -510,7 +511,7 @@ async def test_reclaim_writes_the_same_history_and_events(
     exhausted, _ = await claimed(jobs, max_attempts=1)
     commits.clear()
     clock.advance(LEASE + 1)
-    report = await jobs.reclaim_expired()
+    report = await InboxMaintenance(jobs).reclaim_expired()
     assert report.retried == [retried] and report.dead_lettered == [exhausted]
     r = await jobs.status(retried)
     assert steps(r)[-1] == ("processing", "failed") and r.status == "failed"
@@ -552,10 +553,12 @@ async def test_prune_leaves_a_tombstone_after_retention(
     await jobs.succeed(lease.fence, OUTPUTS)
     running, _ = await claimed(jobs)
     clock.advance(hours=2)
-    assert await jobs.prune(timedelta(hours=1)) == []  # its webhooks are not out yet
+    assert (
+        await InboxMaintenance(jobs).prune(timedelta(hours=1)) == []
+    )  # its webhooks are not out yet
     await deliver_all(repo, clock)
-    assert await jobs.prune(timedelta(hours=3)) == []  # not old enough
-    assert await jobs.prune(timedelta(hours=1)) == [done]
+    assert await InboxMaintenance(jobs).prune(timedelta(hours=3)) == []  # not old enough
+    assert await InboxMaintenance(jobs).prune(timedelta(hours=1)) == [done]
     with pytest.raises(JobPruned) as gone:
         await jobs.status(done, requester_id="req-a")
     assert gone.value.tombstone.final_status == "succeeded"
@@ -564,7 +567,7 @@ async def test_prune_leaves_a_tombstone_after_retention(
     assert not isinstance(hidden.value, JobPruned)
     assert (await jobs.status(running)).status == "claimed"
     with pytest.raises(InvalidInput):
-        await jobs.prune(timedelta(seconds=-1))
+        await InboxMaintenance(jobs).prune(timedelta(seconds=-1))
 
 
 async def test_a_failing_on_commit_hook_does_not_undo_the_write(

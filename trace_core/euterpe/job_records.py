@@ -19,12 +19,21 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from trace_core.errors import NotFound
+from trace_core.errors import ConfigurationError, NotFound
 from trace_core.euterpe.events import NormalizedError, event_body, event_type
+from trace_core.model import Fence, Lease
 from trace_core.storage.ports.inbox import HistoryEntry, JobSnapshot, NewJobEvent
 from trace_core.storage.protocol import Transaction
 
-__all__ = ["EVENTS_CHANNEL", "Transition", "error_text", "parse_error", "record"]
+__all__ = [
+    "EVENTS_CHANNEL",
+    "Transition",
+    "chain",
+    "error_text",
+    "job_id_of",
+    "parse_error",
+    "record",
+]
 
 EVENTS_CHANNEL = "euterpe_job_events"
 """Notified at the commit of every transaction that wrote job events, so a
@@ -42,6 +51,24 @@ class Transition:
     error: NormalizedError | None = None
     outputs: Sequence[Mapping[str, Any]] | None = None
     metadata: Mapping[str, Any] = field(default_factory=dict)
+
+
+def job_id_of(item: Fence | Lease | object) -> uuid.UUID:
+    """The job id of a fence, a lease or a protocol answer (inbox ids are UUIDs)."""
+    value = item.item_id if isinstance(item, (Fence, Lease)) else item
+    if not isinstance(value, uuid.UUID):
+        raise ConfigurationError(f"an inbox job id is a UUID, got {value!r}")
+    return value
+
+
+def chain(source: str, path: Sequence[str]) -> list[tuple[str | None, str]]:
+    """The steps ``source -> path[0] -> path[1] …`` (a failure's
+    :attr:`~trace_core.leasing.FailOutcome.path` from the stage it left)."""
+    steps: list[tuple[str | None, str]] = []
+    for target in path:
+        steps.append((source, target))
+        source = target
+    return steps
 
 
 def error_text(error: NormalizedError) -> str:

@@ -1,53 +1,48 @@
 """The lifecycle of an inbox job (euterpe-contract.md §3, §4, §5, §8).
 
-:class:`InboxJobs` is the one way Euterpe's services move a job: the API
-enqueues, workers claim, advance, heartbeat, succeed and fail, a maintenance
-loop reclaims expired leases, requeues due retries and prunes old jobs. The
-ownership protocol is the generic one (:class:`~trace_core.leasing.LeaseQueue`
-over :data:`~trace_core.model.INBOX_JOBS`); every transition writes its
-history row and its webhook event in the transaction of the status change
-(:mod:`trace_core.euterpe.job_records`).
+:class:`InboxJobs` is how the API and the workers move a job: enqueue, claim,
+advance, heartbeat, succeed, release and fail, plus the status read; the
+maintenance side (reclaim, due retries, pruning) is
+:class:`~trace_core.euterpe.job_maintenance.InboxMaintenance`. The ownership
+protocol is the generic one (:class:`~trace_core.leasing.LeaseQueue` over
+:data:`~trace_core.model.INBOX_JOBS`); every transition writes its history row
+and its webhook event in the transaction of the status change
+(:mod:`trace_core.euterpe.job_writer`).
 
 Counters are kept apart (§5): ``attempt_count`` moves only when a claim starts
-an execution attempt (a hand-back with a later availability refunds it);
-``credential_refresh_count`` only through :meth:`InboxJobs.record_credential_refresh`,
-each with its own budget. Every write of a worker presents its whole fence
+an execution attempt (a hand-back refunds it: the execution did not fail);
+``credential_refresh_count`` only through :meth:`InboxJobs.record_credential_refresh`;
+each has its own budget. Every write of a worker presents its whole fence
 (job id, attempt, lease token and claim_version); a stale one changes
 nothing and raises :class:`~trace_core.errors.StaleClaim`.
 """
 
 from __future__ import annotations
 
-import logging
 import random
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from trace_core.clock import Clock, SystemClock
 from trace_core.errors import ConfigurationError, InvalidInput, NotFound, StaleClaim
 from trace_core.euterpe.events import NormalizedError
 from trace_core.euterpe.job_outputs import validate_outputs
-from trace_core.euterpe.job_records import Transition, error_text, record
+from trace_core.euterpe.job_records import Transition, chain, error_text, job_id_of
 from trace_core.euterpe.job_status import JobPruned, JobStatus, job_status_of
-from trace_core.leasing import FailOutcome, LeaseConfig, LeaseQueue, ReclaimHooks, ReclaimReport
+from trace_core.euterpe.job_writer import JobWriter, OnCommit, WriteScope
+from trace_core.leasing import FailOutcome, LeaseConfig, LeaseQueue
 from trace_core.model import INBOX_JOBS, ClaimOutcome, Fence, Lease
 from trace_core.retry import RetryClass, RetryPolicy
-from trace_core.storage.ports.inbox import NewInboxJob, SealedCredentialColumns
-from trace_core.storage.protocol import Repository, Transaction, within
+from trace_core.storage.ports.inbox import JobSnapshot, NewInboxJob, SealedCredentialColumns
+from trace_core.storage.protocol import Repository, Transaction
 
-__all__ = ["InboxJobs", "JobsConfig", "RefreshAllowance"]
-
-log = logging.getLogger(__name__)
+__all__ = ["STAGES", "InboxJobs", "JobsConfig", "RefreshAllowance"]
 
 STAGES = ("fetching", "processing", "uploading")
 """The stages a worker advances through between ``claimed`` and ``succeeded``."""
-
-_TERMINAL = ("succeeded", "dead_letter")
-
-OnCommit = Callable[[Sequence[uuid.UUID]], None]
 
 
 @dataclass(frozen=True)
@@ -88,9 +83,11 @@ class InboxJobs:
     """The job lifecycle service over ``LeaseQueue(repo, INBOX_JOBS)``.
 
     ``on_commit`` (settable at any time) is called with the ids of the events
-    written, after each commit of this service that wrote some, so that a
-    deliverer in this process can be woken at once (§12); the transactions
-    also notify :data:`~trace_core.euterpe.job_records.EVENTS_CHANNEL`.
+    written, after each commit of this service (and of its
+    :class:`~trace_core.euterpe.job_maintenance.InboxMaintenance`) that wrote
+    some, so that a deliverer in this process is woken at once (§12); the
+    transactions also notify :data:`~trace_core.euterpe.job_records.EVENTS_CHANNEL`.
+    ``new_event_id`` is the source of event ids (injectable like the clock).
     """
 
     def __init__(
@@ -108,9 +105,14 @@ class InboxJobs:
         self.clock = clock or SystemClock()
         self.config = config or JobsConfig()
         self.retry = retry or RetryPolicy()
-        self._rng = rng or random.Random()
-        self.on_commit = on_commit
-        self._new_event_id = new_event_id
+        self.rng = rng or random.Random()
+        self.writer = JobWriter(
+            repo,
+            self.clock,
+            event_max_attempts=self.config.event_max_attempts,
+            new_event_id=new_event_id,
+            on_commit=on_commit,
+        )
         self.queue = LeaseQueue(
             repo,
             INBOX_JOBS,
@@ -119,8 +121,17 @@ class InboxJobs:
                 lease_seconds=self.config.lease_seconds, max_batch=self.config.max_claim_batch
             ),
             retry=self.retry,
-            rng=self._rng,
+            rng=self.rng,
         )
+
+    @property
+    def on_commit(self) -> OnCommit | None:
+        """The hook called after each commit that wrote events."""
+        return self.writer.on_commit
+
+    @on_commit.setter
+    def on_commit(self, hook: OnCommit | None) -> None:
+        self.writer.on_commit = hook
 
     # --- the requester's side ------------------------------------------------
 
@@ -148,23 +159,20 @@ class InboxJobs:
             raise InvalidInput("max_attempts", f"must be >= 1, got {attempts}")
         if credential_version < 0:
             raise InvalidInput("credential_version", "must be >= 0")
-        job = NewInboxJob(
-            job_id=job_id or uuid.uuid4(),
-            requester_id=requester_id,
-            request=dict(request),
-            status_webhook_url=status_webhook_url,
-            refresh_url=refresh_url,
-            max_attempts=attempts,
-            available_at=self.clock.now(),
-            credential_version=credential_version,
-            sealed=sealed,
-        )
-        now = self.clock.now()
-        async with within(self.repo, tx) as t:
-            await t.inbox.insert_job(job, now=now)
-            events = await self._record(t, [Transition(job.job_id, [(None, "queued")])], now)
-        if tx is None:
-            self._committed(events)
+        async with self.writer.scope(tx) as w:
+            job = NewInboxJob(
+                job_id=job_id or uuid.uuid4(),
+                requester_id=requester_id,
+                request=dict(request),
+                status_webhook_url=status_webhook_url,
+                refresh_url=refresh_url,
+                max_attempts=attempts,
+                available_at=w.now,
+                credential_version=credential_version,
+                sealed=sealed,
+            )
+            await w.t.inbox.insert_job(job, now=w.now)
+            await w.record([Transition(job.job_id, [(None, "queued")])])
         return job.job_id
 
     async def status(self, job_id: uuid.UUID, *, requester_id: str | None = None) -> JobStatus:
@@ -187,21 +195,17 @@ class InboxJobs:
     async def claim_batch(self, worker_id: str, limit: int) -> list[Lease]:
         """Lease up to ``limit`` queued jobs; each claim writes its history and
         ``claimed`` event in the claim's transaction."""
-        now = self.clock.now()
-        async with self.repo.transaction() as t:
-            leases = await self.queue.claim_batch(worker_id, limit, tx=t)
-            events = await self._record(t, [self._claimed(lease) for lease in leases], now)
-        self._committed(events)
+        async with self.writer.scope() as w:
+            leases = await self.queue.claim_batch(worker_id, limit, tx=w.t)
+            await w.record([_claimed(lease) for lease in leases])
         return leases
 
     async def claim(self, job_id: uuid.UUID, worker_id: str) -> ClaimOutcome:
         """Lease one job by id, or say why not (nothing is written then)."""
-        now = self.clock.now()
-        async with self.repo.transaction() as t:
-            outcome = await self.queue.claim(job_id, worker_id, tx=t)
-            lease = outcome.lease
-            events = await self._record(t, [self._claimed(lease)] if lease else [], now)
-        self._committed(events)
+        async with self.writer.scope() as w:
+            outcome = await self.queue.claim(job_id, worker_id, tx=w.t)
+            if outcome.lease is not None:
+                await w.record([_claimed(outcome.lease)])
         return outcome
 
     async def heartbeat(self, fence: Fence) -> datetime:
@@ -214,11 +218,8 @@ class InboxJobs:
         fence = _whole(fence)
         if stage not in STAGES:
             raise InvalidInput("stage", f"must be one of {list(STAGES)}, got {stage!r}")
-        [source] = INBOX_JOBS.lifecycle.sources_of(stage) & INBOX_JOBS.leased
-        await self._write(
-            fence,
-            lambda t: self.queue.advance(fence, stage, tx=t),
-            lambda _: Transition(_job_id(fence), [(source, stage)]),
+        await self._move(
+            fence, lambda w, _: self.queue.advance(fence, stage, tx=w.t), lambda: ((stage,), {})
         )
 
     async def succeed(self, fence: Fence, outputs: Sequence[Mapping[str, Any]]) -> None:
@@ -226,10 +227,10 @@ class InboxJobs:
         sha256, preset}``), stored with the status in one fenced write."""
         fence = _whole(fence)
         checked = validate_outputs(outputs)
-        await self._write(
+        await self._move(
             fence,
-            lambda t: self.queue.complete(fence, values={"outputs": checked}, tx=t),
-            lambda _: Transition(_job_id(fence), [("uploading", "succeeded")], outputs=checked),
+            lambda w, _: self.queue.complete(fence, values={"outputs": checked}, tx=w.t),
+            lambda: (("succeeded",), {"outputs": checked}),
         )
 
     async def release(
@@ -240,10 +241,10 @@ class InboxJobs:
         execution did not fail."""
         fence = _whole(fence)
         when = available_at or self.clock.now()
-        await self._write(
+        await self._move(
             fence,
-            lambda t: self.queue.requeue(fence, reason=reason, available_at=when, tx=t),
-            lambda before: Transition(_job_id(fence), [(before, "queued")], reason=reason),
+            lambda w, _: self.queue.requeue(fence, reason=reason, available_at=when, tx=w.t),
+            lambda: (("queued",), {"reason": reason}),
         )
 
     async def fail(
@@ -266,37 +267,34 @@ class InboxJobs:
         status = http_status if http_status is not None else error.http_status
         retry_class = self.retry.classify(status, retryable=error.retryable)
         text = error_text(error)
-        now = self.clock.now()
-        async with self.repo.transaction() as t:
-            before = (await t.inbox.lock_jobs_for_transition([_job_id(fence)])).get(_job_id(fence))
-            if before is None:
-                raise NotFound(f"inbox job {fence.item_id} does not exist")
-            outcome = None
+        outcomes: list[FailOutcome] = []
+
+        async def write(w: WriteScope, before: JobSnapshot) -> None:
+            nonlocal retry_class
+            refreshes = before.credential_refresh_count
             if retry_class is RetryClass.CREDENTIAL_REFRESH:
                 decision = self.retry.decide(
                     retry_class,
                     attempt=max(1, fence.attempt),
                     max_attempts=before.max_attempts,
-                    now=now,
-                    credential_refreshes=before.credential_refresh_count,
-                    rng=self._rng,
+                    now=w.now,
+                    credential_refreshes=refreshes,
+                    rng=self.rng,
                 )
                 if decision.retry:
-                    delay = self.retry.normal.delay(
-                        max(1, before.credential_refresh_count), self._rng
-                    )
-                    await self.queue.requeue(fence, reason=text, available_at=now + delay, tx=t)
-                    outcome = FailOutcome("queued", True, ("queued",))
-                else:
-                    retry_class = RetryClass.FATAL  # the refresh budget is spent
-            if outcome is None:
-                outcome = await self.queue.fail(fence, text, retry_class=retry_class, tx=t)
-            steps = _chain(before.status, outcome.path)
-            events = await self._record(
-                t, [Transition(_job_id(fence), steps, reason=error.code, error=error)], now
-            )
-        self._committed(events)
-        return outcome
+                    # The new credentials did not come: try again later within
+                    # the refresh budget, handing the attempt back (refunded).
+                    later = w.now + self.retry.normal.delay(max(1, refreshes), self.rng)
+                    await self.queue.requeue(fence, reason=text, available_at=later, tx=w.t)
+                    outcomes.append(FailOutcome("queued", True, ("queued",)))
+                    return
+                retry_class = RetryClass.FATAL  # the refresh budget is spent
+            outcomes.append(await self.queue.fail(fence, text, retry_class=retry_class, tx=w.t))
+
+        await self._move(
+            fence, write, lambda: (outcomes[0].path, {"reason": error.code, "error": error})
+        )
+        return outcomes[0]
 
     async def record_credential_refresh(self, fence: Fence) -> RefreshAllowance:
         """Count one credential refresh of the current claim (§7), before the
@@ -311,138 +309,32 @@ class InboxJobs:
             raise StaleClaim(INBOX_JOBS.name, fence.item_id, "not the current claim of a live job")
         return RefreshAllowance(counted.counted, counted.count, budget)
 
-    # --- maintenance ---------------------------------------------------------
-
-    async def reclaim_expired(self, *, limit: int | None = None) -> ReclaimReport:
-        """Fail every expired lease (a new claim_version fences the old holder
-        out): retried, or ``failed`` then ``dead_letter`` when exhausted, with
-        the same history and events as a worker's failure."""
-        now = self.clock.now()
-        stages: dict[Any, str] = {}
-        errors: dict[Any, NormalizedError] = {}
-        events: list[uuid.UUID] = []
-
-        async def reasons(t: Transaction, fences: Sequence[Fence]) -> Mapping[Any, str]:
-            snaps = await t.inbox.lock_jobs_for_transition([_job_id(f) for f in fences])
-            for job_id, snap in snaps.items():
-                stages[job_id] = snap.status
-                errors[job_id] = NormalizedError(
-                    code="lease_expired",
-                    message=f"lease expired in stage {snap.status} "
-                    f"(attempt {snap.attempt_count} of {snap.max_attempts})",
-                    retryable=True,
-                )
-            return {job_id: error_text(err) for job_id, err in errors.items()}
-
-        async def failed(t: Transaction, fence: Fence, outcome: FailOutcome, reason: str) -> None:
-            error = errors[fence.item_id]
-            steps = _chain(stages[fence.item_id], outcome.path)
-            events.extend(
-                await self._record(
-                    t, [Transition(_job_id(fence), steps, reason=error.code, error=error)], now
-                )
-            )
-
-        report = await self.queue.reclaim_expired(
-            limit=limit, hooks=ReclaimHooks(reasons=reasons, failed=failed)
-        )
-        self._committed(events)
-        return report
-
-    async def requeue_due(self, *, limit: int | None = None) -> list[uuid.UUID]:
-        """Move failed jobs whose retry time came back to ``queued`` (each with
-        its history row and ``queued`` event); the ids moved."""
-        now = self.clock.now()
-        async with self.repo.transaction() as t:
-            ids = [_job_id(i) for i in await self.queue.requeue_due(limit=limit, tx=t)]
-            transitions = [Transition(i, [("failed", "queued")], reason="retry due") for i in ids]
-            events = await self._record(t, transitions, now)
-        self._committed(events)
-        return ids
-
-    async def dead_letter_failed(
-        self, job_ids: Sequence[uuid.UUID], *, error: NormalizedError
-    ) -> set[uuid.UUID]:
-        """Dead-letter failed jobs at once (an operator's "unrecoverable"
-        decision, §3 ``failed -> dead_letter``), with their history and
-        ``dead_letter`` events; the ids moved. Jobs in any other status are
-        left alone (the table has no other edge into ``dead_letter``)."""
-        now = self.clock.now()
-        async with self.repo.transaction() as t:
-            moved = await self.queue.dead_letter(job_ids, reason=error_text(error), tx=t)
-            ids = sorted(_job_id(i) for i in moved)
-            transitions = [
-                Transition(i, [("failed", "dead_letter")], reason=error.code, error=error)
-                for i in ids
-            ]
-            events = await self._record(t, transitions, now)
-        self._committed(events)
-        return set(ids)
-
-    async def prune(self, older_than: timedelta) -> list[uuid.UUID]:
-        """Remove finished jobs (succeeded or dead-lettered more than
-        ``older_than`` ago, with every event delivered or dead-lettered),
-        leaving a tombstone each; in batches, one transaction each. The ids."""
-        if older_than < timedelta(0):
-            raise InvalidInput("older_than", "must not be negative")
-        pruned: list[uuid.UUID] = []
-        while True:
-            now = self.clock.now()
-            async with self.repo.transaction() as t:
-                batch = await t.inbox.prune_finished_before(
-                    now - older_than,
-                    statuses=_TERMINAL,
-                    limit=self.config.prune_batch,
-                    now=now,
-                )
-            pruned.extend(tomb.job_id for tomb in batch)
-            if len(batch) < self.config.prune_batch:
-                return pruned
-
     # --- internals -----------------------------------------------------------
 
-    async def _write(
+    async def _move(
         self,
         fence: Fence,
-        write: Callable[[Transaction], Any],
-        transition: Callable[[str], Transition],
+        write: Callable[[WriteScope, JobSnapshot], Awaitable[Any]],
+        passed: Callable[[], tuple[Sequence[str], dict[str, Any]]],
     ) -> None:
         """One fenced protocol write and its records, in one transaction.
-        ``transition`` gets the status the job was in before the write."""
-        now = self.clock.now()
-        async with self.repo.transaction() as t:
-            job_id = _job_id(fence)
-            snaps = await t.inbox.lock_jobs_for_transition([job_id])
-            before = snaps[job_id].status if job_id in snaps else ""
-            await write(t)  # raises StaleClaim / InvalidTransition / NotFound
-            events = await self._record(t, [transition(before)], now)
-        self._committed(events)
 
-    async def _record(
-        self, t: Transaction, transitions: Sequence[Transition], now: datetime
-    ) -> list[uuid.UUID]:
-        return await record(
-            t,
-            transitions,
-            now=now,
-            event_max_attempts=self.config.event_max_attempts,
-            new_event_id=self._new_event_id,
-        )
+        The job's row is locked and read first: the stage it leaves is the
+        first step's source. ``write`` raises StaleClaim / InvalidTransition /
+        NotFound, and then nothing is kept; ``passed`` gives, after it, the
+        statuses the job passed and the other fields of its :class:`Transition`."""
+        job_id = job_id_of(fence)
+        async with self.writer.scope() as w:
+            before = (await w.t.inbox.lock_jobs_for_transition([job_id])).get(job_id)
+            if before is None:
+                raise NotFound(f"inbox job {job_id} does not exist")
+            await write(w, before)
+            path, extra = passed()
+            await w.record([Transition(job_id, chain(before.status, path), **extra)])
 
-    @staticmethod
-    def _claimed(lease: Lease) -> Transition:
-        return Transition(_job_id(lease), [("queued", "claimed")])
 
-    def _committed(self, events: Sequence[uuid.UUID]) -> None:
-        """Call ``on_commit`` after a commit that wrote events. A failing hook
-        is logged, not raised: the transition is committed already."""
-        hook = self.on_commit
-        if not events or hook is None:
-            return
-        try:
-            hook(list(events))
-        except Exception:
-            log.exception("euterpe: on_commit hook failed after %d events", len(events))
+def _claimed(lease: Lease) -> Transition:
+    return Transition(job_id_of(lease), [("queued", "claimed")])
 
 
 def _whole(fence: Fence) -> Fence:
@@ -453,20 +345,3 @@ def _whole(fence: Fence) -> Fence:
             f"inbox job {fence.item_id}: a worker's write must present its claim_version"
         )
     return fence
-
-
-def _job_id(item: Fence | Lease | object) -> uuid.UUID:
-    """The job id of a fence, a lease or a protocol answer (inbox ids are UUIDs)."""
-    value = item.item_id if isinstance(item, (Fence, Lease)) else item
-    if not isinstance(value, uuid.UUID):
-        raise ConfigurationError(f"an inbox job id is a UUID, got {value!r}")
-    return value
-
-
-def _chain(source: str, path: Sequence[str]) -> list[tuple[str | None, str]]:
-    """``source -> path[0] -> path[1] …`` as steps."""
-    steps: list[tuple[str | None, str]] = []
-    for target in path:
-        steps.append((source, target))
-        source = target
-    return steps
