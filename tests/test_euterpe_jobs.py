@@ -423,6 +423,23 @@ async def test_a_stale_fence_changes_nothing_anywhere(
 # --- counters (§5) ------------------------------------------------------------------
 
 
+async def test_a_worker_that_never_records_a_refresh_still_stops(
+    repo: SqlRepository, jobs: InboxJobs, clock: ManualClock
+) -> None:
+    job, lease = await claimed(jobs)
+    paths = []
+    for _ in range(4):
+        paths.append((await jobs.fail(lease.fence, FORBIDDEN, http_status=401)).path)
+        if paths[-1][-1] == "dead_letter":
+            break
+        clock.advance(1000)
+        lease = (await jobs.claim(job, "w1")).lease
+        assert lease is not None
+    assert paths == [("queued",), ("queued",), ("failed", "dead_letter")]
+    status = await jobs.status(job)
+    assert (status.attempt_count, status.credential_refresh_count) == (1, 2)
+
+
 async def test_credential_refreshes_never_spend_an_execution_attempt(
     repo: SqlRepository, jobs: InboxJobs, clock: ManualClock
 ) -> None:
@@ -434,11 +451,9 @@ async def test_credential_refreshes_never_spend_an_execution_attempt(
     outcome = await jobs.fail(lease.fence, FORBIDDEN, http_status=403)
     assert outcome.path == ("queued",) and outcome.retrying
     status = await jobs.status(job)
-    assert (status.status, status.attempt_count, status.credential_refresh_count) == (
-        "queued",
-        0,
-        1,
-    )
+    # the backoff is a refresh try of its own; the execution attempt is handed back
+    counters = (status.status, status.attempt_count, status.credential_refresh_count)
+    assert counters == ("queued", 0, 2)
     assert status.next_attempt_at is not None and status.next_attempt_at > clock.now()
     assert steps(status)[-1] == ("fetching", "queued")
     assert (await payloads(repo, job))[-1]["metadata"]["reason"] == "storage_forbidden"
@@ -446,10 +461,8 @@ async def test_credential_refreshes_never_spend_an_execution_attempt(
     clock.advance(1000)
     lease = (await jobs.claim(job, "w1")).lease
     assert lease is not None and lease.attempt == 1  # the same execution attempt
-    second = await jobs.record_credential_refresh(lease.fence)
-    third = await jobs.record_credential_refresh(lease.fence)
-    assert (second.allowed, second.count) == (True, 2)
-    assert (third.allowed, third.count) == (False, 2)
+    spent = await jobs.record_credential_refresh(lease.fence)
+    assert (spent.allowed, spent.count) == (False, 2)
     outcome = await jobs.fail(lease.fence, FORBIDDEN, http_status=403)
     assert outcome.path == ("failed", "dead_letter")
     status = await jobs.status(job)

@@ -259,7 +259,8 @@ class InboxJobs:
         - fatal: ``failed`` then ``dead_letter`` at once;
         - credential refresh (401/403): while the refresh budget remains, the
           job goes back to ``queued`` after a backoff without spending an
-          execution attempt; once spent, ``failed`` then ``dead_letter``.
+          execution attempt (the backoff counts one credential refresh);
+          once spent, ``failed`` then ``dead_letter``.
 
         Every status passed is in the history and has its event, carrying
         ``error``; the outcome's ``path`` lists them."""
@@ -282,9 +283,15 @@ class InboxJobs:
                     rng=self.rng,
                 )
                 if decision.retry:
-                    # The new credentials did not come: try again later within
-                    # the refresh budget, handing the attempt back (refunded).
-                    later = w.now + self.retry.normal.delay(max(1, refreshes), self.rng)
+                    # The new credentials did not come: try again later, handing
+                    # the attempt back (refunded). The backoff is a refresh try
+                    # of its own, so the loop ends within the refresh budget even
+                    # for a worker that never records one. A stale fence counts
+                    # nothing, and the requeue then says why.
+                    await w.t.inbox.count_credential_refresh_if_current_claim(
+                        fence, budget=self.retry.max_credential_refreshes
+                    )
+                    later = w.now + self.retry.normal.delay(refreshes + 1, self.rng)
                     await self.queue.requeue(fence, reason=text, available_at=later, tx=w.t)
                     outcomes.append(FailOutcome("queued", True, ("queued",)))
                     return
