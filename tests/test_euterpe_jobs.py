@@ -154,7 +154,8 @@ async def test_a_job_walks_every_stage_with_history_and_events(
     assert [b["event_type"] for b in bodies][-1] == "transcode.succeeded"
     assert bodies[-1]["outputs"] == OUTPUTS
     assert all("outputs" not in b for b in bodies[:-1])
-    assert bodies[1]["metadata"]["worker_id"] == "w1"
+    assert bodies[1]["metadata"]["claim_version"] == 1
+    assert "w1" not in str(bodies)  # the worker's identity stays inside
     # one wake-up per commit that wrote events (the heartbeat wrote none)
     assert [len(c) for c in commits] == [1] * 6
     assert [eid for c in commits for eid in c] == [e.event_id for e in status.events]

@@ -150,13 +150,12 @@ def _event(
     now: datetime,
     max_attempts: int,
 ) -> NewJobEvent:
+    # Not the worker's id: a pod or host name is the operator's, not the requester's.
     metadata: dict[str, Any] = {
         "claim_version": snap.claim_version,
         "max_attempts": snap.max_attempts,
         "credential_refresh_count": snap.credential_refresh_count,
     }
-    if snap.worker_id is not None:
-        metadata["worker_id"] = snap.worker_id
     if tr.reason is not None:
         metadata["reason"] = tr.reason
     if status in ("failed", "queued") and snap.status == status:
