@@ -12,6 +12,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
+import anyio
 import pytest
 import sqlalchemy as sa
 
@@ -26,6 +27,7 @@ from trace_core.errors import (
 )
 from trace_core.euterpe.events import NormalizedError
 from trace_core.euterpe.job_maintenance import InboxMaintenance
+from trace_core.euterpe.job_records import job_id_of
 from trace_core.euterpe.job_status import JobPruned, JobStatus
 from trace_core.euterpe.jobs import InboxJobs, JobsConfig
 from trace_core.leasing import LeaseQueue
@@ -594,3 +596,50 @@ async def test_a_failing_on_commit_hook_does_not_undo_the_write(
     job = await enqueue(jobs)
     assert (await jobs.status(job)).status == "queued"
     assert "on_commit hook failed" in caplog.text
+
+
+# --- concurrency (§13, in one process: the engines' locks, not the processes) -------
+
+
+async def test_concurrent_claimers_take_each_job_once(repo: SqlRepository, jobs: InboxJobs) -> None:
+    made = [await enqueue(jobs) for _ in range(12)]
+    taken: list[uuid.UUID] = []
+
+    async def claimer(name: str) -> None:
+        while leases := await jobs.claim_batch(name, 5):
+            taken.extend(job_id_of(lease) for lease in leases)
+
+    async with anyio.create_task_group() as tg:
+        for n in range(4):
+            tg.start_soon(claimer, f"w{n}")
+    assert sorted(taken) == sorted(made)  # every job once, none twice
+    for job in made:
+        status = await jobs.status(job)
+        assert steps(status) == [(None, "queued"), ("queued", "claimed")]
+        assert_events_follow_history(status, await payloads(repo, job))
+
+
+async def test_a_late_failure_racing_the_reclaim_is_recorded_once(
+    repo: SqlRepository, jobs: InboxJobs, clock: ManualClock
+) -> None:
+    job, lease = await claimed(jobs)
+    await jobs.advance(lease.fence, "fetching")
+    clock.advance(LEASE + 1)
+    answers: list[Any] = []
+
+    async def worker() -> None:
+        try:
+            answers.append(await jobs.fail(lease.fence, UNAVAILABLE))
+        except StaleClaim as stale:
+            answers.append(stale)
+
+    async def supervisor() -> None:
+        answers.append(await InboxMaintenance(jobs).reclaim_expired())
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(worker)
+        tg.start_soon(supervisor)
+    status = await jobs.status(job)
+    assert status.status == "failed"
+    assert steps(status)[2:] == [("claimed", "fetching"), ("fetching", "failed")]
+    assert_events_follow_history(status, await payloads(repo, job))
