@@ -23,6 +23,7 @@ from trace_core.storage.ports.api_keys import ApiKeyOps
 from trace_core.storage.ports.concurrency import ConcurrencyOps
 from trace_core.storage.ports.events import EventOps
 from trace_core.storage.ports.explain import ExplainOps
+from trace_core.storage.ports.inbox import InboxOps
 from trace_core.storage.ports.inbox_credentials import InboxCredentialOps
 from trace_core.storage.ports.job_states import JobStateOps
 from trace_core.storage.ports.journal import JournalOps
@@ -212,6 +213,11 @@ class Transaction(Protocol):
     @property
     def inbox_credentials(self) -> InboxCredentialOps:
         """Inbox jobs' sealed storage credentials (guarded refresh and re-wrap)."""
+        ...
+
+    @property
+    def inbox(self) -> InboxOps:
+        """Euterpe's inbox jobs: insertion, history, webhook events, refresh counter, pruning."""
         ...
 
     # --- the ownership protocol, one implementation for every queue ---------

@@ -35,6 +35,7 @@ from trace_core.storage.sql_deploy import SqlDeployOps
 from trace_core.storage.sql_errors import translate_errors
 from trace_core.storage.sql_events import SqlEventOps
 from trace_core.storage.sql_explain import SqlExplainOps
+from trace_core.storage.sql_inbox import SqlInboxOps
 from trace_core.storage.sql_inbox_credentials import SqlInboxCredentialOps
 from trace_core.storage.sql_job_states import SqlJobStateOps
 from trace_core.storage.sql_journal import SqlJournalOps
@@ -239,6 +240,11 @@ class SqlTransaction:
     def inbox_credentials(self) -> SqlInboxCredentialOps:
         """Inbox jobs' sealed credentials (:mod:`~trace_core.storage.sql_inbox_credentials`)."""
         return SqlInboxCredentialOps(self)
+
+    @functools.cached_property
+    def inbox(self) -> SqlInboxOps:
+        """Euterpe's inbox jobs, history and events (:mod:`~trace_core.storage.sql_inbox`)."""
+        return SqlInboxOps(self)
 
     # --- ownership protocol -------------------------------------------------
 
