@@ -62,7 +62,11 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="trace-aws", description=__doc__.splitlines()[0])
     parser.add_argument("--settings", help="a NAME=value settings file (the environment wins)")
-    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning"])
+    parser.add_argument(
+        "--log-level",
+        choices=["debug", "info", "warning"],
+        help="default info (warning for rehearse, whose progress lines are its output)",
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="the Dispatcher and the control-plane API")
     serve.add_argument("--operators", help="module:attribute of an OperatorRegistry")
@@ -86,6 +90,8 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
     """Run a ``trace-aws`` command; the exit status."""
     args = _parser().parse_args(argv)
+    if args.log_level is None:
+        args.log_level = "warning" if args.command == "rehearse" else "info"
     env = os.environ if environ is None else environ
     logging.basicConfig(
         level=args.log_level.upper(), stream=sys.stderr, format="%(asctime)s %(name)s %(message)s"

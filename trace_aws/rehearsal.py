@@ -596,6 +596,10 @@ async def _follow(
     mismatches = await anyio.to_thread.run_sync(
         check_outputs, aws.endpoint, text, summary, statuses
     )
+    # A wake-up or buffer message that kept failing would sit in the DLQ.
+    dead = await anyio.to_thread.run_sync(_queue_depth, sqs, aws.dead_letter_queue)
+    if dead:
+        mismatches.append(f"trace-dlq: {dead} message(s) dead-lettered")
     return RehearsalResult(summary, mismatches)
 
 
