@@ -605,5 +605,14 @@ async def _follow(
 
 def rehearse_main(options: RehearsalOptions, out: TextIO) -> int:
     """:func:`rehearse` as a command: 0 when :attr:`RehearsalResult.ok`, else 1."""
-    result = rehearse(options, out)
+    # SIGTERM unwinds like Ctrl-C, so the children's groups are stopped too.
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    try:
+        result = rehearse(options, out)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     return 0 if result.ok else 1
+
+
+def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
