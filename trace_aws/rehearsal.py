@@ -184,10 +184,16 @@ class AwsResources:
 
 def aws_resources(endpoint: str, *, visibility_seconds: int = 60) -> AwsResources:
     """The bucket, the queues (each redriven to one DLQ after 5 receives), the
-    signing key and the task role, on the AWS at ``endpoint``."""
-    _client("s3", endpoint).create_bucket(Bucket=BUCKET)
+    signing key and the task role, on the AWS at ``endpoint``.
+
+    Names end in a random suffix: moto keeps its state per process, not per
+    server, so a second rehearsal in one process (the tests) must not meet
+    the first one's resources."""
+    suffix = secrets.token_hex(4)
+    bucket = f"{BUCKET}-{suffix}"
+    _client("s3", endpoint).create_bucket(Bucket=bucket)
     sqs = _client("sqs", endpoint)
-    dlq = sqs.create_queue(QueueName="trace-dlq")["QueueUrl"]
+    dlq = sqs.create_queue(QueueName=f"trace-dlq-{suffix}")["QueueUrl"]
     dlq_arn = sqs.get_queue_attributes(QueueUrl=dlq, AttributeNames=["QueueArn"])["Attributes"][
         "QueueArn"
     ]
@@ -195,8 +201,8 @@ def aws_resources(endpoint: str, *, visibility_seconds: int = 60) -> AwsResource
         "RedrivePolicy": json.dumps({"deadLetterTargetArn": dlq_arn, "maxReceiveCount": "5"}),
         "VisibilityTimeout": str(visibility_seconds),
     }
-    queue = sqs.create_queue(QueueName=WORKER_QUEUE, Attributes=attributes)["QueueUrl"]
-    buffer = sqs.create_queue(QueueName="trace-buffer-alerts", Attributes=attributes)["QueueUrl"]
+    queue = sqs.create_queue(QueueName=f"{WORKER_QUEUE}-{suffix}", Attributes=attributes)
+    buffer = sqs.create_queue(QueueName=f"trace-buffer-alerts-{suffix}", Attributes=attributes)
     kms = _client("kms", endpoint)
     key = kms.create_key(KeySpec="ECC_NIST_P256", KeyUsage="SIGN_VERIFY")["KeyMetadata"]["KeyId"]
     trust = {
@@ -210,9 +216,9 @@ def aws_resources(endpoint: str, *, visibility_seconds: int = 60) -> AwsResource
         ],
     }
     role = _client("iam", endpoint).create_role(
-        RoleName="trace-task", AssumeRolePolicyDocument=json.dumps(trust)
+        RoleName=f"trace-task-{suffix}", AssumeRolePolicyDocument=json.dumps(trust)
     )["Role"]["Arn"]
-    return AwsResources(endpoint, BUCKET, queue, buffer, dlq, key, role)
+    return AwsResources(endpoint, bucket, queue["QueueUrl"], buffer["QueueUrl"], dlq, key, role)
 
 
 def _queue_depth(sqs: Any, url: str) -> int:
@@ -324,7 +330,9 @@ def _ready(base: str, token: str) -> Callable[[], bool | None]:
     return check
 
 
-async def _deploy(database_url: str, text: str, name: str) -> tuple[str, str, uuid.UUID]:
+async def _deploy(
+    database_url: str, text: str, name: str, bucket: str
+) -> tuple[str, str, uuid.UUID]:
     """Deploy the DAG: ``(dag name, first line to print, the alerts dataset's uuid)``."""
     from trace_core.dag import parse_dag
     from trace_core.dispatcher.service import Dispatcher, DispatcherConfig
@@ -334,7 +342,7 @@ async def _deploy(database_url: str, text: str, name: str) -> tuple[str, str, uu
     operators = _pipeline_names()
     repo = SqlRepository(database_url)
     try:
-        config = DispatcherConfig(storage_root=f"s3://{BUCKET}/")
+        config = DispatcherConfig(storage_root=f"s3://{bucket}/")
         dispatcher = Dispatcher(repo, operators=operators, config=config)
         result = await dispatcher.deploy(parse_dag(text, file=name, operators=operators.names()))
         state = "deployed" if result.changed else "unchanged"
@@ -519,7 +527,7 @@ def rehearse(options: RehearsalOptions, out: TextIO) -> RehearsalResult:
         children = Children(work, env)
         stack.callback(children.stop)
         children.run("migrate", ["migrate"])
-        dag, line, alerts_uuid = anyio.run(_deploy, database_url, text, name)
+        dag, line, alerts_uuid = anyio.run(_deploy, database_url, text, name, aws.bucket)
         say(line)
         shown = make_url(database_url).render_as_string(hide_password=True)
         say(f"  state db {shown}, bucket s3://{aws.bucket}/, moto {endpoint}")
@@ -599,7 +607,7 @@ async def _follow(
     # A wake-up or buffer message that kept failing would sit in the DLQ.
     dead = await anyio.to_thread.run_sync(_queue_depth, sqs, aws.dead_letter_queue)
     if dead:
-        mismatches.append(f"trace-dlq: {dead} message(s) dead-lettered")
+        mismatches.append(f"the dead-letter queue: {dead} message(s) dead-lettered")
     return RehearsalResult(summary, mismatches)
 
 
