@@ -55,6 +55,7 @@ __all__ = [
     "RehearsalRuntime",
     "S3FileHandle",
     "S3FileStore",
+    "committing_operator",
     "rehearsal_operators",
 ]
 
@@ -76,6 +77,7 @@ class _Attempt:
                 raise OperatorError(f"{uri}: the operator wrote no file", retryable=False)
             handle.put_file(uri, path)
             del self.pending[uri]
+            path.unlink()  # committed: a long-running source's scratch stays small
 
 
 _local = threading.local()
@@ -210,7 +212,7 @@ class _CommittingContext:
         return self._ctx.emit_blocking(events)
 
 
-def _committing(spec: OperatorSpec, work_dir: Path) -> OperatorSpec:
+def committing_operator(spec: OperatorSpec, work_dir: Path) -> OperatorSpec:
     """``spec`` run with an attempt scratch directory and the uploads above."""
     run: Callable[[TaskContext], OperatorResult] = spec.run
 
@@ -291,7 +293,7 @@ def rehearsal_operators(runtime: RehearsalRuntime) -> OperatorRegistry:
         state=state,
     )
     return OperatorRegistry(
-        _committing(spec, runtime.work_dir) for spec in pipeline_operators(pipeline)
+        committing_operator(spec, runtime.work_dir) for spec in pipeline_operators(pipeline)
     )
 
 
