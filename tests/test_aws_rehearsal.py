@@ -13,7 +13,8 @@ import anyio
 import pytest
 import yaml
 
-from trace_aws.rehearsal import EXAMPLE, RehearsalOptions, moto_server, rehearse, with_runtime
+from trace_aws.rehearsal import EXAMPLE, RehearsalOptions, rehearse, with_runtime
+from trace_aws.rehearsal_aws import moto_server
 from trace_core.authoring.context import OperatorError, OperatorResult, TaskContext
 from trace_core.authoring.events import AcceptResult, DatasetEvent
 from trace_core.authoring.operators import OperatorSpec
