@@ -15,6 +15,9 @@
   the API. SIGTERM or SIGINT stops it (:meth:`SqsWorker.stop`: an idle
   long-poll is abandoned, running tasks finish).
 - ``trace-aws migrate``: bring the state database to the current schema.
+- ``trace-aws rehearse [--blocks N]``: the local rehearsal of the whole
+  profile on moto's server and a throwaway Postgres (:mod:`trace_aws.rehearsal`;
+  ``./dev run --aws``).
 
 Settings come from the environment and/or ``--settings FILE``
 (:mod:`trace_aws.settings`); a missing or wrong one stops the command with
@@ -59,7 +62,11 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="trace-aws", description=__doc__.splitlines()[0])
     parser.add_argument("--settings", help="a NAME=value settings file (the environment wins)")
-    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning"])
+    parser.add_argument(
+        "--log-level",
+        choices=["debug", "info", "warning"],
+        help="default info (warning for rehearse, whose progress lines are its output)",
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="the Dispatcher and the control-plane API")
     serve.add_argument("--operators", help="module:attribute of an OperatorRegistry")
@@ -70,12 +77,21 @@ def _parser() -> argparse.ArgumentParser:
     worker.add_argument("--visibility-seconds", type=int, default=60)
     worker.add_argument("--worker-id", help="default <host>-<pid>")
     commands.add_parser("migrate", help="upgrade the state database schema")
+    rehearse = commands.add_parser(
+        "rehearse",
+        help="the chain pipeline on moto, Postgres, serve and two workers (./dev run --aws)",
+    )
+    rehearse.add_argument("--blocks", type=int, default=20_000, help="blocks to follow")
+    rehearse.add_argument("--workers", type=int, default=2, help="trace-aws worker processes")
+    rehearse.add_argument("--work-dir", help="keep logs and scratch here (default: a temp dir)")
     return parser
 
 
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
     """Run a ``trace-aws`` command; the exit status."""
     args = _parser().parse_args(argv)
+    if args.log_level is None:
+        args.log_level = "warning" if args.command == "rehearse" else "info"
     env = os.environ if environ is None else environ
     logging.basicConfig(
         level=args.log_level.upper(), stream=sys.stderr, format="%(asctime)s %(name)s %(message)s"
@@ -85,6 +101,8 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
             serve(load_settings(env, args.settings, required=SERVE_REQUIRED), args)
         elif args.command == "worker":
             return worker(load_settings(env, args.settings, required=WORKER_REQUIRED), args)
+        elif args.command == "rehearse":
+            return rehearse(args)
         else:
             from trace_core.storage.migrate import upgrade
 
@@ -98,6 +116,18 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         print(f"trace-aws {args.command}: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def rehearse(args: argparse.Namespace) -> int:
+    """Run the local rehearsal (:mod:`trace_aws.rehearsal`); 0 once every
+    dataset is current and the outputs equal the reference."""
+    from pathlib import Path
+
+    from trace_aws.rehearsal import RehearsalOptions, rehearse_main
+
+    work_dir = Path(args.work_dir) if args.work_dir else None
+    options = RehearsalOptions(blocks=args.blocks, workers=args.workers, work_dir=work_dir)
+    return rehearse_main(options, sys.stdout)
 
 
 def _operators(reference: str | None) -> OperatorRegistry:
@@ -269,6 +299,7 @@ async def _work(
     from trace_aws.sqs import sqs_client
     from trace_aws.sqs_worker import SqsWorker
     from trace_core.worker import HttpControlPlaneClient, RetryingClient, WorkerWrapper
+    from trace_core.worker.http_credentials import HttpCredentialSource
     from trace_lite.worker_cli import default_worker_id
 
     assert settings.api_url is not None and settings.internal_token is not None
@@ -278,7 +309,11 @@ async def _work(
         control = RetryingClient(
             HttpControlPlaneClient(settings.api_url, settings.internal_token, http=http)
         )
-        sqs_worker = SqsWorker(client, WorkerWrapper(control, operators, worker_id=ident), loop)
+        # Operators that touch S3 get STS credentials for their attempt's
+        # scope, exchanged for the capability token at /v1/task/credentials.
+        credentials = HttpCredentialSource(settings.api_url, http)
+        wrapper = WorkerWrapper(control, operators, worker_id=ident, credentials=credentials)
+        sqs_worker = SqsWorker(client, wrapper, loop)
         group.start_soon(_stop_on_signal, sqs_worker)
         log.info("worker %s polling %s", ident, loop.queue_url)
         await sqs_worker.run()

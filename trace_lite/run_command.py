@@ -16,7 +16,7 @@ by state, alerts, time.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -27,6 +27,7 @@ import yaml
 
 from trace_core.dag import DagDocument, parse_dag
 from trace_core.errors import ConfigurationError
+from trace_core.storage import Repository
 from trace_lite.platform import LiteConfig, TraceLite
 from trace_lite.spark import SparkSessionProvider
 from trace_lite.status import (
@@ -42,6 +43,9 @@ from trace_lite.tables import render_table
 __all__ = [
     "RunOptions",
     "RunSummary",
+    "fill_summary",
+    "follow_run",
+    "print_summary",
     "run_pipeline",
     "with_block_count",
     "with_rematerialization",
@@ -158,8 +162,8 @@ def _blocks_done(datasets: Sequence[DatasetStatus], target: tuple[int, int]) -> 
     return min(done) if done else 0
 
 
-async def _pending_outbox(lite: TraceLite) -> int:
-    async with lite.repo.read() as tx:
+async def _pending_outbox(repo: Repository) -> int:
+    async with repo.read() as tx:
         return await tx.status.open_outbox_count()
 
 
@@ -198,49 +202,89 @@ async def run_pipeline(
         say(f"  state db {lite.repo.url.render()}, data dir {options.config.data_dir}")
         sources = frozenset(job.name for job in document.spec.jobs if job.activation == "source")
         summary = RunSummary(dag, 0, 0.0)
-        last_line = ""
-        with anyio.move_on_after(options.timeout_seconds):
-            while True:
-                statuses = await dataset_statuses(lite.repo, dag)
-                counts = await task_counts(lite.repo, dag)
-                target = _target(statuses)
-                if target is None:
-                    raise ConfigurationError(f"{dag}: no block-range source output to follow")
-                total = target[1] - target[0] + 1
-                done = _blocks_done(_block_datasets(statuses), target)
-                elapsed = time.perf_counter() - started
-                line = _progress_line(counts, done, total, elapsed)
-                if line.split("]", 1)[1] != last_line:
-                    say(line)
-                    last_line = line.split("]", 1)[1]
-                if (
-                    done == total
-                    and all(s.dag_version_status == "current" for s in statuses)
-                    and counts.open_except(sources) == 0
-                    and await _pending_outbox(lite) == 0
-                    and await lite.buffer.pending() == 0
-                ):
-                    summary.finished = True
-                    break
-                await anyio.sleep(options.refresh_seconds)
-        summary.blocks = done
+        summary.finished, summary.blocks = await follow_run(
+            lite.repo,
+            dag,
+            sources,
+            say,
+            started=started,
+            timeout_seconds=options.timeout_seconds,
+            refresh_seconds=options.refresh_seconds,
+            buffer_pending=lite.buffer.pending,
+        )
         summary.seconds = time.perf_counter() - started
-        await _fill_summary(lite, summary)
-    _print_summary(summary, say)
+        objects = lite.config.data_dir / "objects"
+
+        async def rows(status: DatasetStatus) -> int:
+            if status.location.startswith("s3://"):
+                _, found = await anyio.to_thread.run_sync(object_rows, objects, status.location)
+                return found
+            return await table_rows(lite.data, status.location)
+
+        await fill_summary(lite.repo, summary, rows)
+    print_summary(summary, say)
     return summary
 
 
-async def _fill_summary(lite: TraceLite, summary: RunSummary) -> None:
-    objects = lite.config.data_dir / "objects"
-    statuses = await dataset_statuses(lite.repo, summary.dag_name)
-    counts = await task_counts(lite.repo, summary.dag_name)
+async def follow_run(
+    repo: Repository,
+    dag: str,
+    sources: frozenset[str],
+    say: Callable[[str], None],
+    *,
+    started: float,
+    timeout_seconds: float,
+    refresh_seconds: float,
+    buffer_pending: Callable[[], Awaitable[int]],
+) -> tuple[bool, int]:
+    """Print a progress line whenever it changes until the run is finished
+    (or ``timeout_seconds``); ``(finished, blocks done)``.
+
+    Finished: every block-range dataset covers the whole range, every
+    dataset's DAG version is current, no task but the ``sources`` is open,
+    the outbox is drained and ``buffer_pending()`` (the dataset buffer's
+    records not yet written) is 0. ``started`` is the ``perf_counter`` the
+    elapsed time and throughput count from. Shared by every profile's run.
+    """
+    done, last_line = 0, ""
+    with anyio.move_on_after(timeout_seconds):
+        while True:
+            statuses = await dataset_statuses(repo, dag)
+            counts = await task_counts(repo, dag)
+            target = _target(statuses)
+            if target is None:
+                raise ConfigurationError(f"{dag}: no block-range source output to follow")
+            total = target[1] - target[0] + 1
+            done = _blocks_done(_block_datasets(statuses), target)
+            line = _progress_line(counts, done, total, time.perf_counter() - started)
+            if line.split("]", 1)[1] != last_line:
+                say(line)
+                last_line = line.split("]", 1)[1]
+            if (
+                done == total
+                and all(s.dag_version_status == "current" for s in statuses)
+                and counts.open_except(sources) == 0
+                and await _pending_outbox(repo) == 0
+                and await buffer_pending() == 0
+            ):
+                return True, done
+            await anyio.sleep(refresh_seconds)
+    return False, done
+
+
+async def fill_summary(
+    repo: Repository,
+    summary: RunSummary,
+    rows: Callable[[DatasetStatus], Awaitable[int]],
+) -> None:
+    """Add the DAG's datasets (with ``rows(status)`` rows each) and its task
+    counts to ``summary``; the ``alerts`` table's rows are its alerts."""
+    statuses = await dataset_statuses(repo, summary.dag_name)
+    counts = await task_counts(repo, summary.dag_name)
     for s in statuses:
-        if s.location.startswith("s3://"):
-            _, rows = await anyio.to_thread.run_sync(object_rows, objects, s.location)
-        else:
-            rows = await table_rows(lite.data, s.location)
-            if s.name == "alerts":
-                summary.alerts = rows
+        found = await rows(s)
+        if not s.location.startswith("s3://") and s.name == "alerts":
+            summary.alerts = found
         summary.datasets.append(
             {
                 "dataset": s.name,
@@ -248,14 +292,15 @@ async def _fill_summary(lite: TraceLite, summary: RunSummary) -> None:
                 "dag_version": s.dag_version_status,
                 "partitions": s.events,
                 "events": s.events,
-                "rows": rows,
+                "rows": found,
                 "blocks": s.blocks_covered,
             }
         )
     summary.tasks = dict(counts.total)
 
 
-def _print_summary(summary: RunSummary, say: Any) -> None:
+def print_summary(summary: RunSummary, say: Callable[[str], None]) -> None:
+    """Print the summary block that ends a run."""
     say("")
     say(f"{summary.dag_name}: {'finished' if summary.finished else 'STOPPED BEFORE FINISHING'}")
     rows = [
