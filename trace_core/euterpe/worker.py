@@ -1,0 +1,134 @@
+"""The Euterpe worker service: claims inbox jobs and runs them (issue 16, "Workers").
+
+:class:`EuterpeWorker` is a service in the house shape: :meth:`run_once`
+claims up to its free slots of queued jobs (at most ``batch_size``) and works
+them to their end, concurrently (:class:`~trace_core.euterpe.worker_job.JobRun`
+drives each through ``fetching -> processing -> uploading -> succeeded``);
+:meth:`run` repeats it, polling with jitter when nothing was claimed;
+:meth:`start` / :meth:`stop` run it in a task group. Stopping interrupts the
+jobs in hand (their processors are stopped, ffmpeg killed) and hands them
+back to ``queued`` without spending their attempt. The clock is the
+lifecycle's (:class:`~trace_core.euterpe.jobs.InboxJobs`), injected; the
+worker's id follows §2 (``POD_NAME`` -> ``HOSTNAME`` -> boot UUID) unless given.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+
+import anyio
+import anyio.abc
+
+from trace_core.euterpe.worker_job import JobOutcome, JobRun, WorkerParts
+from trace_core.identity import worker_id as default_worker_id
+from trace_core.outage import LoopHealth
+
+__all__ = ["EuterpeWorker"]
+
+_log = logging.getLogger(__name__)
+
+
+class EuterpeWorker:
+    """Claims and runs inbox jobs (see the module docstring)."""
+
+    def __init__(
+        self,
+        parts: WorkerParts,
+        *,
+        worker_id: str | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.parts = parts
+        self.config = parts.config
+        self.worker_id = worker_id or default_worker_id()
+        self.rng = rng or random.Random()
+        self.clock = parts.jobs.clock
+        self.health = LoopHealth(type(self).__name__, logger=_log)
+        self._slots = anyio.CapacityLimiter(self.config.concurrency)
+        self._running: set[JobRun] = set()
+        self._stop_requested = False
+        self._waiting: anyio.CancelScope | None = None
+        self._stopped: anyio.Event | None = None
+
+    @property
+    def active(self) -> int:
+        """Jobs in hand right now."""
+        return len(self._running)
+
+    async def run_once(self) -> list[JobOutcome]:
+        """Claim up to the free slots of jobs and work them to their end; how each ended."""
+        if self._stop_requested:
+            return []
+        free = min(self.config.batch_size, self.config.concurrency - len(self._running))
+        if free <= 0:
+            return []
+        leases = await self.parts.jobs.claim_batch(self.worker_id, free)
+        if not leases:
+            return []
+        runs = [JobRun(self.parts, lease, slots=self._slots) for lease in leases]
+        outcomes: list[JobOutcome] = []
+
+        async def work(run: JobRun) -> None:
+            self._running.add(run)
+            try:
+                if self._stop_requested:
+                    run.interrupt()
+                outcomes.append(await run.execute())
+            finally:
+                self._running.discard(run)
+
+        async with anyio.create_task_group() as group:
+            for run in runs:
+                group.start_soon(work, run)
+        return outcomes
+
+    async def run(self) -> None:
+        """Repeat :meth:`run_once` until :meth:`stop`; wait a jittered poll
+        interval after a round that found nothing, back off after a failing one."""
+        self._stopped = anyio.Event()
+        self.health.running = True
+        try:
+            while not self._stop_requested:
+                failure: Exception | None = None
+                claimed = False
+                try:
+                    claimed = bool(await self.run_once())
+                    self.health.succeeded()
+                except Exception as exc:
+                    failure = exc
+                if self._stop_requested:
+                    break
+                if claimed:
+                    continue
+                with anyio.CancelScope() as self._waiting:
+                    if failure is not None:
+                        await self.health.backoff_after(failure)
+                    else:
+                        wait = self.rng.uniform(
+                            self.config.poll_min_seconds, self.config.poll_max_seconds
+                        )
+                        await anyio.sleep(wait)
+                self._waiting = None
+        finally:
+            self.health.running = False
+            self._stopped.set()
+
+    def wake(self) -> None:
+        """Poll now instead of at the end of the current wait."""
+        if self._waiting is not None:
+            self._waiting.cancel()
+
+    async def start(self, task_group: anyio.abc.TaskGroup) -> None:
+        """Run :meth:`run` in ``task_group``."""
+        task_group.start_soon(self.run)
+
+    async def stop(self) -> None:
+        """Stop polling, interrupt the jobs in hand (handed back to
+        ``queued``), and wait for the loop to end if it runs."""
+        self._stop_requested = True
+        for run in list(self._running):
+            run.interrupt()
+        self.wake()
+        if self._stopped is not None:
+            await self._stopped.wait()
