@@ -40,8 +40,15 @@ _STDERR_KEEP = 64 * 1024  # bytes of stderr kept while ffmpeg runs
 _STDERR_REPORT = 1500  # characters of it put in the normalized error
 
 
-def ffmpeg_command(binary: str, source: Path, preset: Preset, target: Path) -> list[str]:
-    """The argument vector of one transcode (no shell ever parses it)."""
+def ffmpeg_command(
+    binary: str,
+    source: Path,
+    preset: Preset,
+    target: Path,
+    input_args: Sequence[str] = (),
+) -> list[str]:
+    """The argument vector of one transcode (no shell ever parses it);
+    ``input_args`` are the operator's, put before ``-i``."""
     return [
         binary,
         "-nostdin",
@@ -49,6 +56,7 @@ def ffmpeg_command(binary: str, source: Path, preset: Preset, target: Path) -> l
         "-hide_banner",
         "-loglevel",
         "error",
+        *input_args,
         "-i",
         str(source),
         *preset.ffmpeg_args,
@@ -59,6 +67,8 @@ def ffmpeg_command(binary: str, source: Path, preset: Preset, target: Path) -> l
 class FfmpegProcessor:
     """:class:`~trace_core.euterpe.processor.Processor` running ``ffmpeg`` (module docstring).
 
+    ``input_args`` are operator-set arguments placed before ``-i`` (``-threads
+    2``; tests use ``-re`` to make a run last as long as its clip);
     ``on_start`` (tests) is called with each started process.
     """
 
@@ -67,6 +77,7 @@ class FfmpegProcessor:
         *,
         binary: str = "ffmpeg",
         timeout_seconds: float = 3600.0,
+        input_args: Sequence[str] = (),
         on_start: Callable[[anyio.abc.Process], None] | None = None,
     ) -> None:
         found = shutil.which(binary)
@@ -78,6 +89,7 @@ class FfmpegProcessor:
             raise ConfigurationError("FfmpegProcessor.timeout_seconds must be > 0")
         self.binary = found
         self.timeout_seconds = timeout_seconds
+        self.input_args = tuple(input_args)
         self.on_start = on_start
 
     async def process(
@@ -91,7 +103,7 @@ class FfmpegProcessor:
         produced = []
         for preset in presets:
             target = output_path(output_dir, preset)
-            await self._run(ffmpeg_command(self.binary, source, preset, target), preset, stop)
+            await self._run(ffmpeg_command(self.binary, source, preset, target, self.input_args), preset, stop)
             produced.append(await describe_output(preset, target))
         return produced
 
