@@ -7,7 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +29,7 @@ from tests.test_e2e_http import _free_port
 from trace_core.clock import ManualClock
 from trace_core.errors import ConfigurationError
 from trace_core.euterpe.copy_processor import CopyProcessor
-from trace_core.euterpe.credentials import refresh_credentials
+from trace_core.euterpe.credentials import StorageCredentials, refresh_credentials
 from trace_core.euterpe.job_maintenance import InboxMaintenance
 from trace_core.euterpe.processor import Processor
 from trace_core.euterpe.refresh import CredentialRefresher, refresh_body
@@ -223,8 +223,17 @@ class RefreshEndpoint:
     ``inbox_credentials`` area's guarded replace, sealed by the vault) when
     ``replace`` is set."""
 
-    def __init__(self, env: Env, *, replace: bool) -> None:
+    def __init__(
+        self,
+        env: Env,
+        *,
+        replace: bool,
+        credentials: Callable[[uuid.UUID], Awaitable[StorageCredentials]] | None = None,
+    ) -> None:
         self.env, self.replace = env, replace
+        self.mint = credentials or (
+            lambda job_id: env.credentials(f"s3://media/out/{job_id}/")
+        )
         self.calls: list[dict[str, Any]] = []
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}/refresh"
@@ -250,14 +259,13 @@ class RefreshEndpoint:
         await send({"type": "http.response.body", "body": b""})
 
     async def _replace(self, job_id: uuid.UUID, version: int) -> int:
-        prefix = f"s3://media/out/{job_id}/"
         await refresh_credentials(
             self.env.repo,
             self.env.vault,
             job_id=job_id,
             requester_id=REQUESTER,
             expected_version=version,
-            credentials=await self.env.credentials(prefix),
+            credentials=await self.mint(job_id),
             clock=self.env.clock,
         )
         return 204
