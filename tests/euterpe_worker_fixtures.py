@@ -7,24 +7,35 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import json
 import os
 import random
 import secrets
 import subprocess
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import anyio
+import pytest
+import uvicorn
 
+from tests.factories import wait_until
+from tests.test_e2e_http import _free_port
 from trace_core.clock import ManualClock
-from trace_core.euterpe.credentials import CredentialVault, StorageCredentials
+from trace_core.euterpe.credentials import (
+    CredentialVault,
+    StorageCredentials,
+    refresh_credentials,
+)
 from trace_core.euterpe.jobs import InboxJobs, JobsConfig
 from trace_core.euterpe.presets import Preset
 from trace_core.euterpe.processor import ProducedOutput, describe_output, output_path
+from trace_core.euterpe.refresh import CredentialRefresher
+from trace_core.euterpe.requests import UrlPolicy
 from trace_core.euterpe.storage_access import StorageHandle
 from trace_core.retry import Backoff, RetryPolicy
 from trace_core.security.minting import LocalCredentialMinter, MintedCredentials
@@ -43,8 +54,16 @@ MASTER_SECRET = b"test-master-secret-for-refresh-signing"
 def make_clip(path: Path, seconds: float = 1.0, *, audio: bool = True) -> Path:
     """A tiny H.264 (+AAC) clip from ffmpeg's test sources."""
     command = [
-        "ffmpeg", "-nostdin", "-y", "-hide_banner", "-loglevel", "error",
-        "-f", "lavfi", "-i", f"testsrc=size=160x120:rate=10:duration={seconds}",
+        "ffmpeg",
+        "-nostdin",
+        "-y",
+        "-hide_banner",
+        "-loglevel",
+        "error",
+        "-f",
+        "lavfi",
+        "-i",
+        f"testsrc=size=160x120:rate=10:duration={seconds}",
     ]
     if audio:
         command += ["-f", "lavfi", "-i", f"sine=frequency=440:duration={seconds}"]
@@ -97,7 +116,10 @@ class Env:
 
     async def setup(self) -> Env:
         self.admin = await self.minter.mint(
-            Scope(read=(S3Prefix.parse(f"s3://{BUCKET}/x/"),), write=(S3Prefix.parse(f"s3://{BUCKET}/in/"),)),
+            Scope(
+                read=(S3Prefix.parse(f"s3://{BUCKET}/x/"),),
+                write=(S3Prefix.parse(f"s3://{BUCKET}/in/"),),
+            ),
             session_name="admin",
             duration_seconds=43200,
         )
@@ -210,11 +232,11 @@ class OverproducingProcessor:
     async def process(
         self, source: Path, presets: Sequence[Preset], output_dir: Path, stop: anyio.Event
     ) -> list[ProducedOutput]:
-        data = source.read_bytes() * self.factor
+        data = await anyio.Path(source).read_bytes() * self.factor
         produced = []
         for preset in presets:
             target = output_path(output_dir, preset)
-            target.write_bytes(data)
+            await anyio.Path(target).write_bytes(data)
             produced.append(await describe_output(preset, target))
         return produced
 
@@ -249,3 +271,89 @@ class RecordingStorage:
 
     def open(self, credentials: StorageCredentials) -> StorageHandle:
         return LyingHandle(self.inner.open(credentials), self.claimed, self.calls)
+
+
+class RefreshEndpoint:
+    """The requester's side of a refresh, as a real local HTTP server: it
+    checks the signature, then replaces the job's credentials (the
+    ``inbox_credentials`` area's guarded replace, sealed by the vault) when
+    ``replace`` is set."""
+
+    def __init__(
+        self,
+        env: Env,
+        *,
+        replace: bool,
+        credentials: Callable[[uuid.UUID], Awaitable[StorageCredentials]] | None = None,
+    ) -> None:
+        self.env, self.replace = env, replace
+        self.mint = credentials or (lambda job_id: env.credentials(f"s3://media/out/{job_id}/"))
+        self.calls: list[dict[str, Any]] = []
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}/refresh"
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        headers = {k.decode(): v.decode() for k, v in scope["headers"]}
+        document = json.loads(body)
+        ok = verify(REQUESTER, headers, body)
+        self.calls.append({"signed": ok, "body": document})
+        status = 401
+        if ok:
+            status = 204
+            if self.replace:
+                job_id = uuid.UUID(document["job_id"])
+                status = await self._replace(job_id, document["credential_version"])
+        await send({"type": "http.response.start", "status": status, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    async def _replace(self, job_id: uuid.UUID, version: int) -> int:
+        await refresh_credentials(
+            self.env.repo,
+            self.env.vault,
+            job_id=job_id,
+            requester_id=REQUESTER,
+            expected_version=version,
+            credentials=await self.mint(job_id),
+            clock=self.env.clock,
+        )
+        return 204
+
+
+@pytest.fixture
+async def serve() -> AsyncIterator[Any]:
+    async with anyio.create_task_group() as group:
+        servers: list[uvicorn.Server] = []
+
+        async def start(endpoint: RefreshEndpoint) -> RefreshEndpoint:
+            server = uvicorn.Server(
+                uvicorn.Config(
+                    endpoint,
+                    host="127.0.0.1",
+                    port=endpoint.port,
+                    log_level="warning",
+                    lifespan="off",
+                )
+            )
+            servers.append(server)
+            group.start_soon(server.serve)
+            await wait_until(
+                "the refresh endpoint started",
+                lambda: server.started,
+                time.monotonic() + 10,
+                describe=lambda: "not started",
+            )
+            return endpoint
+
+        yield start
+        for server in servers:
+            server.should_exit = True
+
+
+def refresher() -> CredentialRefresher:
+    return CredentialRefresher(sign, url_policy=UrlPolicy(allow_loopback=True))

@@ -15,9 +15,9 @@ import boto3
 import pytest
 from moto.core.authorization import enable_iam_authentication
 
+import tests.euterpe_worker_fixtures as fx
 import tests.test_aws_sts as sts_tests
-from tests.euterpe_worker_fixtures import SOURCE, Env, make_env
-from tests.test_euterpe_worker import RefreshEndpoint, refresher, serve  # noqa: F401
+from tests.euterpe_worker_fixtures import SOURCE, Env, RefreshEndpoint, make_env, refresher
 from trace_aws.euterpe_storage import S3TranscodeStorage
 from trace_aws.s3 import S3ObjectStore
 from trace_core.clock import ManualClock
@@ -39,6 +39,7 @@ pytestmark = pytest.mark.anyio
 REGION = sts_tests.REGION
 aws_env = sts_tests.aws_env
 mocked = sts_tests.mocked
+serve = fx.serve
 BUCKET = "media"
 DATA = b"source bytes " * 100
 POLICY = {
@@ -60,9 +61,7 @@ def user_keys(admin: Any) -> StorageCredentials:
     """Long-term keys of an IAM user allowed S3 (moto checks them under IAM auth)."""
     iam = boto3.client("iam", region_name=REGION)
     iam.create_user(UserName="requester")
-    iam.put_user_policy(
-        UserName="requester", PolicyName="s3", PolicyDocument=json.dumps(POLICY)
-    )
+    iam.put_user_policy(UserName="requester", PolicyName="s3", PolicyDocument=json.dumps(POLICY))
     key = iam.create_access_key(UserName="requester")["AccessKey"]
     return StorageCredentials(key["AccessKeyId"], key["SecretAccessKey"])
 
@@ -176,7 +175,11 @@ async def test_a_worker_job_on_s3_refreshes_refused_credentials(
     )  # under IAM auth the admin's fake keys are refused
     body = reader.get_object(Bucket=BUCKET, Key=key)["Body"].read()
     assert status.outputs == [
-        {"key": prefix + "mp4-h264-360p.mp4", "preset": "mp4-h264-360p",
-         "size": len(DATA), "sha256": hashlib.sha256(DATA).hexdigest()}
+        {
+            "key": prefix + "mp4-h264-360p.mp4",
+            "preset": "mp4-h264-360p",
+            "size": len(DATA),
+            "sha256": hashlib.sha256(DATA).hexdigest(),
+        }
     ]
     assert body == DATA and env.leftovers() == []

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ import anyio.abc
 import pytest
 
 from tests.euterpe_worker_fixtures import Env, make_clip, make_env
+from tests.factories import wait_until
 from trace_core.clock import ManualClock
 from trace_core.errors import ConfigurationError
 from trace_core.euterpe.job_maintenance import InboxMaintenance
@@ -61,21 +63,28 @@ def worker(env: Env, processor: FfmpegProcessor) -> EuterpeWorker:
 def probe(path: Path) -> dict[str, Any]:
     answer = subprocess.run(
         ["ffprobe", "-v", "error", "-show_streams", "-of", "json", str(path)],
-        check=True, capture_output=True, timeout=30,
+        check=True,
+        capture_output=True,
+        timeout=30,
     )
     return {s["codec_type"]: s for s in json.loads(answer.stdout)["streams"]}
 
 
 async def until(what: str, condition: Any) -> None:
-    with anyio.fail_after(BOUND):
-        while not condition():
-            await anyio.sleep(0.02)
+    await wait_until(what, condition, time.monotonic() + BOUND, describe=lambda: "not yet")
 
 
 def test_the_command_has_no_shell_and_preset_arguments_only(tmp_path: Path) -> None:
     preset = PRESETS["mp4-h264-360p"]
     command = ffmpeg_command("/usr/bin/ffmpeg", tmp_path / "in", preset, tmp_path / "out.mp4")
-    assert command[:6] == ["/usr/bin/ffmpeg", "-nostdin", "-y", "-hide_banner", "-loglevel", "error"]
+    assert command[:6] == [
+        "/usr/bin/ffmpeg",
+        "-nostdin",
+        "-y",
+        "-hide_banner",
+        "-loglevel",
+        "error",
+    ]
     assert command[6:8] == ["-i", str(tmp_path / "in")]
     assert command[8:-1] == list(preset.ffmpeg_args) and command[-1] == str(tmp_path / "out.mp4")
     with pytest.raises(ConfigurationError, match="not found"):
@@ -90,7 +99,12 @@ async def test_a_whole_job_is_transcoded_with_ffmpeg(env: Env, clip: bytes) -> N
     status = await env.jobs.status(job)
     assert status.status == "succeeded"
     assert [h.to_status for h in status.history] == [
-        "queued", "claimed", "fetching", "processing", "uploading", "succeeded",
+        "queued",
+        "claimed",
+        "fetching",
+        "processing",
+        "uploading",
+        "succeeded",
     ]
     stored = {p.name: p for p in env.stored(prefix)}
     assert status.outputs is not None and len(status.outputs) == 2

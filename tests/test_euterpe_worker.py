@@ -5,31 +5,27 @@ refresh of §7 against a real local HTTP refresh endpoint."""
 from __future__ import annotations
 
 import hashlib
-import json
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-import anyio
 import pytest
-import uvicorn
 
+import tests.euterpe_worker_fixtures as fx
 from tests.euterpe_worker_fixtures import (
     REQUESTER,
     Env,
     OverproducingProcessor,
     RaisingProcessor,
     RecordingStorage,
+    RefreshEndpoint,
     make_env,
+    refresher,
     sign,
-    verify,
 )
-from tests.test_e2e_http import _free_port
 from trace_core.clock import ManualClock
 from trace_core.errors import ConfigurationError
 from trace_core.euterpe.copy_processor import CopyProcessor
-from trace_core.euterpe.credentials import StorageCredentials, refresh_credentials
 from trace_core.euterpe.job_maintenance import InboxMaintenance
 from trace_core.euterpe.processor import Processor
 from trace_core.euterpe.refresh import CredentialRefresher, refresh_body
@@ -98,10 +94,18 @@ async def test_a_job_walks_every_stage_and_its_outputs_are_stored(env: Env) -> N
     assert await history(env, job) == STAGES
     digest = hashlib.sha256(SOURCE_BYTES).hexdigest()
     assert status.outputs == [
-        {"key": f"{prefix}mp4-h264-360p.mp4", "preset": "mp4-h264-360p",
-         "size": len(SOURCE_BYTES), "sha256": digest},
-        {"key": f"{prefix}audio-aac-128k.m4a", "preset": "audio-aac-128k",
-         "size": len(SOURCE_BYTES), "sha256": digest},
+        {
+            "key": f"{prefix}mp4-h264-360p.mp4",
+            "preset": "mp4-h264-360p",
+            "size": len(SOURCE_BYTES),
+            "sha256": digest,
+        },
+        {
+            "key": f"{prefix}audio-aac-128k.m4a",
+            "preset": "audio-aac-128k",
+            "size": len(SOURCE_BYTES),
+            "sha256": digest,
+        },
     ]
     assert [p.name for p in env.stored(prefix)] == ["audio-aac-128k.m4a", "mp4-h264-360p.mp4"]
     assert env.leftovers() == []
@@ -147,7 +151,11 @@ async def test_a_raising_processor_is_retried_then_dead_lettered_through_failed(
     assert status.error is not None and status.error.code == "worker_error"
     assert status.error.retryable and "RuntimeError" in status.error.message
     steps = await history(env, job)
-    assert steps[-3:] == [("fetching", "processing"), ("processing", "failed"), ("failed", "dead_letter")]
+    assert steps[-3:] == [
+        ("fetching", "processing"),
+        ("processing", "failed"),
+        ("failed", "dead_letter"),
+    ]
     assert ("processing", "failed") in steps[:-3] and ("failed", "queued") in steps
     assert processor.calls == 2
     assert env.leftovers() == [] and env.stored(prefix) == []
@@ -208,7 +216,7 @@ async def test_an_overproducing_processor_is_refused(env: Env) -> None:
     assert (await history(env, job))[-3] == ("processing", "uploading")
     assert env.stored(prefix) == [] and env.leftovers() == []
     # under the threshold the same outputs are fine (200 % applies to large sources only)
-    job2, prefix2 = await env.enqueue()
+    _, prefix2 = await env.enqueue()
     ok = worker(env, OverproducingProcessor(factor=3), output_limit_threshold_bytes=10**9)
     assert [o.result for o in await ok.run_once()] == ["succeeded"]
     assert len(env.stored(prefix2)) == 1
@@ -217,91 +225,10 @@ async def test_an_overproducing_processor_is_refused(env: Env) -> None:
 # --- credential refresh (§7) ----------------------------------------------------------
 
 
-class RefreshEndpoint:
-    """The requester's side of a refresh, as a real local HTTP server: it
-    checks the signature, then replaces the job's credentials (the
-    ``inbox_credentials`` area's guarded replace, sealed by the vault) when
-    ``replace`` is set."""
-
-    def __init__(
-        self,
-        env: Env,
-        *,
-        replace: bool,
-        credentials: Callable[[uuid.UUID], Awaitable[StorageCredentials]] | None = None,
-    ) -> None:
-        self.env, self.replace = env, replace
-        self.mint = credentials or (
-            lambda job_id: env.credentials(f"s3://media/out/{job_id}/")
-        )
-        self.calls: list[dict[str, Any]] = []
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}/refresh"
-
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
-        headers = {k.decode(): v.decode() for k, v in scope["headers"]}
-        document = json.loads(body)
-        ok = verify(REQUESTER, headers, body)
-        self.calls.append({"signed": ok, "body": document})
-        status = 401
-        if ok:
-            status = 204
-            if self.replace:
-                job_id = uuid.UUID(document["job_id"])
-                status = await self._replace(job_id, document["credential_version"])
-        await send({"type": "http.response.start", "status": status, "headers": []})
-        await send({"type": "http.response.body", "body": b""})
-
-    async def _replace(self, job_id: uuid.UUID, version: int) -> int:
-        await refresh_credentials(
-            self.env.repo,
-            self.env.vault,
-            job_id=job_id,
-            requester_id=REQUESTER,
-            expected_version=version,
-            credentials=await self.mint(job_id),
-            clock=self.env.clock,
-        )
-        return 204
+serve = fx.serve
 
 
-@pytest.fixture
-async def serve() -> AsyncIterator[Any]:
-    async with anyio.create_task_group() as group:
-        servers: list[uvicorn.Server] = []
-
-        async def start(endpoint: RefreshEndpoint) -> RefreshEndpoint:
-            server = uvicorn.Server(
-                uvicorn.Config(
-                    endpoint, host="127.0.0.1", port=endpoint.port, log_level="warning",
-                    lifespan="off",
-                )
-            )
-            servers.append(server)
-            group.start_soon(server.serve)
-            with anyio.fail_after(10):
-                while not server.started:
-                    await anyio.sleep(0.01)
-            return endpoint
-
-        yield start
-        for server in servers:
-            server.should_exit = True
-
-
-def refresher() -> CredentialRefresher:
-    return CredentialRefresher(sign, url_policy=UrlPolicy(allow_loopback=True))
-
-
-async def test_a_refused_credential_is_refreshed_and_the_job_succeeds(
-    env: Env, serve: Any
-) -> None:
+async def test_a_refused_credential_is_refreshed_and_the_job_succeeds(env: Env, serve: Any) -> None:
     endpoint = await serve(RefreshEndpoint(env, replace=True))
     # credentials that may read elsewhere only: the store answers 403
     job, prefix = await env.enqueue(read="s3://media/elsewhere/", refresh_url=endpoint.url)
@@ -364,7 +291,9 @@ def test_the_refresh_body_is_canonical() -> None:
 async def test_a_refresh_url_resolving_to_a_refused_address_is_not_called() -> None:
     strict = CredentialRefresher(sign, url_policy=UrlPolicy())
     answer = await strict.request(
-        "http://localhost:9/refresh", requester_id=REQUESTER, job_id=uuid.uuid4(),
+        "http://localhost:9/refresh",
+        requester_id=REQUESTER,
+        job_id=uuid.uuid4(),
         credential_version=0,
     )
     assert answer.status is None and "loopback" in answer.detail

@@ -103,7 +103,9 @@ class FfmpegProcessor:
         produced = []
         for preset in presets:
             target = output_path(output_dir, preset)
-            await self._run(ffmpeg_command(self.binary, source, preset, target, self.input_args), preset, stop)
+            await self._run(
+                ffmpeg_command(self.binary, source, preset, target, self.input_args), preset, stop
+            )
             produced.append(await describe_output(preset, target))
         return produced
 
@@ -160,7 +162,9 @@ class FfmpegProcessor:
         if code != 0:
             tail = bytes(stderr).decode("utf-8", "replace").strip()[-_STDERR_REPORT:]
             killed = code is not None and code < 0
-            how = f"was killed by signal {_signal_name(-code)}" if killed else f"exited {code}"
+            how = f"exited {code}"
+            if code is not None and code < 0:
+                how = f"was killed by signal {_signal_name(-code)}"
             _log.warning("euterpe: ffmpeg %s for preset %s", how, preset.name)
             raise ProcessingFailed(
                 NormalizedError(

@@ -22,6 +22,7 @@ import anyio.to_thread
 
 from trace_core.errors import InvalidInput
 from trace_core.euterpe.credentials import StorageCredentials
+from trace_core.euterpe.events import NormalizedError
 from trace_core.euterpe.storage_access import (
     ObjectMissing,
     SourceTooLarge,
@@ -29,7 +30,6 @@ from trace_core.euterpe.storage_access import (
     StorageHandle,
     TransferFailed,
 )
-from trace_core.euterpe.events import NormalizedError
 from trace_core.security.minting import StoreAction
 from trace_lite.object_store import AccessDenied, KeyConflict, LocalObjectStore, ScopedObjectStore
 

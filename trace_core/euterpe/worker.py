@@ -51,6 +51,10 @@ class EuterpeWorker:
         self._waiting: anyio.CancelScope | None = None
         self._stopped: anyio.Event | None = None
 
+    def stopping(self) -> bool:
+        """Whether :meth:`stop` was called (a call: it changes while the loop awaits)."""
+        return self._stop_requested
+
     @property
     def active(self) -> int:
         """Jobs in hand right now."""
@@ -89,7 +93,7 @@ class EuterpeWorker:
         self._stopped = anyio.Event()
         self.health.running = True
         try:
-            while not self._stop_requested:
+            while not self.stopping():
                 failure: Exception | None = None
                 claimed = False
                 try:
@@ -97,7 +101,7 @@ class EuterpeWorker:
                     self.health.succeeded()
                 except Exception as exc:
                     failure = exc
-                if self._stop_requested:
+                if self.stopping():
                     break
                 if claimed:
                     continue

@@ -152,12 +152,15 @@ class JobRun:
         base = self.parts.config.temp_dir
         work_dir = Path(tempfile.mkdtemp(prefix=f"euterpe-{self.job_id}-", dir=base))
         try:
+            outcome: JobOutcome | None = None
             async with anyio.create_task_group() as group:
                 group.start_soon(self._heartbeat)
                 try:
-                    return await self._supervised(work_dir)
+                    outcome = await self._supervised(work_dir)
                 finally:
                     group.cancel_scope.cancel()
+            assert outcome is not None  # the group only ends the heartbeat
+            return outcome
         finally:
             with anyio.CancelScope(shield=True):
                 await anyio.to_thread.run_sync(_remove_tree, work_dir)
@@ -231,9 +234,7 @@ class JobRun:
         await jobs.advance(self.fence, "processing")
         output_dir = work_dir / "outputs"
         output_dir.mkdir()
-        produced = await self.parts.processor.process(
-            source, plan.presets, output_dir, self.stop
-        )
+        produced = await self.parts.processor.process(source, plan.presets, output_dir, self.stop)
         _check_produced(produced, plan.presets, output_dir)
         await jobs.advance(self.fence, "uploading")
         limit = config.output_limit(received)
@@ -250,8 +251,10 @@ class JobRun:
         outputs = []
         for out in produced:
             uri = plan.output_prefix + out.path.name
-            await self._storage(lambda h, out=out, uri=uri: h.upload(out.path, uri), plan)
-            outputs.append({"key": uri, "preset": out.preset, "size": out.size, "sha256": out.sha256})
+            await self._storage(_uploader(out.path, uri), plan)
+            outputs.append(
+                {"key": uri, "preset": out.preset, "size": out.size, "sha256": out.sha256}
+            )
         return outputs
 
     async def _open_credentials(self) -> StorageCredentials:
@@ -265,9 +268,7 @@ class JobRun:
         self._handle = self.parts.storage.open(credentials)
         return credentials
 
-    async def _storage(
-        self, call: Callable[[StorageHandle], Awaitable[_T]], plan: _Plan
-    ) -> _T:
+    async def _storage(self, call: Callable[[StorageHandle], Awaitable[_T]], plan: _Plan) -> _T:
         """``call`` on the current handle; on 401/403 the refresh of §7, then
         ``call`` again with the newer credentials, within the refresh budget."""
         while True:
@@ -305,7 +306,9 @@ class JobRun:
                 f"the object store refused the credentials and credential_version did "
                 f"not advance past {held} (refresh_url {answer.detail})"
             )
-        _log.info("euterpe: job %s continues with credential version %d", self.job_id, self._version)
+        _log.info(
+            "euterpe: job %s continues with credential version %d", self.job_id, self._version
+        )
 
 
 def _plan(data: Mapping[str, Any]) -> _Plan:
@@ -347,6 +350,10 @@ def _check_produced(
                 "transcode_failed", "the processor did not produce one output per preset", True
             )
         )
+
+
+def _uploader(path: Path, uri: str) -> Callable[[StorageHandle], Awaitable[None]]:
+    return lambda handle: handle.upload(path, uri)
 
 
 def _remove_tree(path: Path) -> None:
