@@ -113,6 +113,8 @@ class Env:
     jobs: InboxJobs
     work_dir: Path
     admin: MintedCredentials = field(init=False)
+    secrets: list[str] = field(default_factory=list)
+    """Every secret and session token minted for jobs (none may be logged)."""
 
     async def setup(self) -> Env:
         self.admin = await self.minter.mint(
@@ -136,6 +138,7 @@ class Env:
             session_name="job",
             duration_seconds=43200,
         )
+        self.secrets += [minted.secret_access_key, minted.session_token]
         return StorageCredentials(
             minted.access_key_id,
             minted.secret_access_key,

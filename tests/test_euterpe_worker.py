@@ -5,6 +5,7 @@ refresh of §7 against a real local HTTP refresh endpoint."""
 from __future__ import annotations
 
 import hashlib
+import logging
 import uuid
 from pathlib import Path
 from typing import Any
@@ -113,6 +114,8 @@ async def test_a_job_walks_every_stage_and_its_outputs_are_stored(env: Env) -> N
 
 async def test_nothing_to_claim_is_an_empty_round(env: Env) -> None:
     assert await worker(env).run_once() == []
+    with pytest.raises(ConfigurationError, match="heartbeat_seconds must be shorter"):
+        worker(env, heartbeat_seconds=30.0)
 
 
 def test_settings_are_validated_with_their_name(tmp_path: Path) -> None:
@@ -228,7 +231,10 @@ async def test_an_overproducing_processor_is_refused(env: Env) -> None:
 serve = fx.serve
 
 
-async def test_a_refused_credential_is_refreshed_and_the_job_succeeds(env: Env, serve: Any) -> None:
+async def test_a_refused_credential_is_refreshed_and_the_job_succeeds(
+    env: Env, serve: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
     endpoint = await serve(RefreshEndpoint(env, replace=True))
     # credentials that may read elsewhere only: the store answers 403
     job, prefix = await env.enqueue(read="s3://media/elsewhere/", refresh_url=endpoint.url)
@@ -242,6 +248,9 @@ async def test_a_refused_credential_is_refreshed_and_the_job_succeeds(env: Env, 
     assert (status.attempt_count, status.credential_refresh_count) == (1, 1)
     assert await history(env, job) == STAGES  # the refresh is in band: no extra status
     assert len(env.stored(prefix)) == 1 and env.leftovers() == []
+    assert "refresh of job" in caplog.text  # the logs were captured…
+    assert len(env.secrets) == 4  # …and hold neither the first nor the refreshed secrets
+    assert not [s for s in env.secrets if s in caplog.text]
 
 
 async def test_credentials_not_refreshed_back_off_then_fail(

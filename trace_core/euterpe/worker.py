@@ -20,6 +20,7 @@ import random
 import anyio
 import anyio.abc
 
+from trace_core.errors import ConfigurationError
 from trace_core.euterpe.worker_job import JobOutcome, JobRun, WorkerParts
 from trace_core.identity import worker_id as default_worker_id
 from trace_core.outage import LoopHealth
@@ -39,6 +40,11 @@ class EuterpeWorker:
         worker_id: str | None = None,
         rng: random.Random | None = None,
     ) -> None:
+        lease = parts.jobs.config.lease_seconds
+        if parts.config.heartbeat_seconds >= lease:
+            raise ConfigurationError(
+                f"WorkerConfig.heartbeat_seconds must be shorter than the lease ({lease:g} s)"
+            )
         self.parts = parts
         self.config = parts.config
         self.worker_id = worker_id or default_worker_id()
