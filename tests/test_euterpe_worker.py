@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import time
 import uuid
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
 import tests.euterpe_worker_fixtures as fx
@@ -24,6 +26,7 @@ from tests.euterpe_worker_fixtures import (
     refresher,
     sign,
 )
+from tests.factories import wait_until
 from trace_core.clock import ManualClock
 from trace_core.errors import ConfigurationError
 from trace_core.euterpe.copy_processor import CopyProcessor
@@ -116,6 +119,21 @@ async def test_nothing_to_claim_is_an_empty_round(env: Env) -> None:
     assert await worker(env).run_once() == []
     with pytest.raises(ConfigurationError, match="heartbeat_seconds must be shorter"):
         worker(env, heartbeat_seconds=30.0)
+
+
+async def test_the_running_service_keeps_its_slots_busy_until_stopped(env: Env) -> None:
+    jobs = [(await env.enqueue())[0] for _ in range(5)]
+    w = worker(env, concurrency=2, batch_size=1, poll_min_seconds=0.01, poll_max_seconds=0.02)
+
+    async def done() -> bool:
+        return all([(await env.jobs.status(j)).status == "succeeded" for j in jobs])
+
+    async with anyio.create_task_group() as group:
+        await w.start(group)
+        await wait_until("every job succeeded", done, time.monotonic() + 30, describe=lambda: "")
+        await w.stop()
+    assert w.health.running is False and w.active == 0
+    assert env.leftovers() == []
 
 
 def test_settings_are_validated_with_their_name(tmp_path: Path) -> None:

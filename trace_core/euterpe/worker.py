@@ -4,7 +4,8 @@
 claims up to its free slots of queued jobs (at most ``batch_size``) and works
 them to their end, concurrently (:class:`~trace_core.euterpe.worker_job.JobRun`
 drives each through ``fetching -> processing -> uploading -> succeeded``);
-:meth:`run` repeats it, polling with jitter when nothing was claimed;
+:meth:`run` keeps every slot busy, claiming again as soon as a job ends
+and polling with jitter when nothing was there;
 :meth:`start` / :meth:`stop` run it in a task group. Stopping interrupts the
 jobs in hand (their processors are stopped, ffmpeg killed) and hands them
 back to ``queued`` without spending their attempt. The clock is the
@@ -54,6 +55,7 @@ class EuterpeWorker:
         self._slots = anyio.CapacityLimiter(self.config.concurrency)
         self._running: set[JobRun] = set()
         self._stop_requested = False
+        self._wake_requested = False
         self._waiting: anyio.CancelScope | None = None
         self._stopped: anyio.Event | None = None
 
@@ -66,66 +68,82 @@ class EuterpeWorker:
         """Jobs in hand right now."""
         return len(self._running)
 
+    def _free(self) -> int:
+        """Jobs one claim may take now: the free slots, at most a batch."""
+        return max(0, min(self.config.batch_size, self.config.concurrency - len(self._running)))
+
+    async def _claim(self) -> list[JobRun]:
+        leases = await self.parts.jobs.claim_batch(self.worker_id, self._free())
+        return [JobRun(self.parts, lease, slots=self._slots) for lease in leases]
+
+    async def _work(self, run: JobRun, outcomes: list[JobOutcome] | None = None) -> None:
+        self._running.add(run)
+        try:
+            if self._stop_requested:
+                run.interrupt()
+            outcome = await run.execute()
+            if outcomes is not None:
+                outcomes.append(outcome)
+        finally:
+            self._running.discard(run)
+            self.wake()  # a slot is free: claim again now
+
     async def run_once(self) -> list[JobOutcome]:
-        """Claim up to the free slots of jobs and work them to their end; how each ended."""
-        if self._stop_requested:
+        """Claim up to the free slots of jobs and work them to their end; how
+        each ended (what tests call; :meth:`run` refills slots as they free)."""
+        if self._stop_requested or self._free() == 0:
             return []
-        free = min(self.config.batch_size, self.config.concurrency - len(self._running))
-        if free <= 0:
-            return []
-        leases = await self.parts.jobs.claim_batch(self.worker_id, free)
-        if not leases:
-            return []
-        runs = [JobRun(self.parts, lease, slots=self._slots) for lease in leases]
         outcomes: list[JobOutcome] = []
-
-        async def work(run: JobRun) -> None:
-            self._running.add(run)
-            try:
-                if self._stop_requested:
-                    run.interrupt()
-                outcomes.append(await run.execute())
-            finally:
-                self._running.discard(run)
-
         async with anyio.create_task_group() as group:
-            for run in runs:
-                group.start_soon(work, run)
+            for run in await self._claim():
+                group.start_soon(self._work, run, outcomes)
         return outcomes
 
     async def run(self) -> None:
-        """Repeat :meth:`run_once` until :meth:`stop`; wait a jittered poll
-        interval after a round that found nothing, back off after a failing one."""
+        """Until :meth:`stop`: claim into every free slot and start the jobs;
+        claim again as soon as a job ends, wait a jittered poll interval when
+        nothing was there, back off after a failing claim."""
         self._stopped = anyio.Event()
         self.health.running = True
         try:
-            while not self.stopping():
-                failure: Exception | None = None
-                claimed = False
-                try:
-                    claimed = bool(await self.run_once())
-                    self.health.succeeded()
-                except Exception as exc:
-                    failure = exc
-                if self.stopping():
-                    break
-                if claimed:
-                    continue
-                with anyio.CancelScope() as self._waiting:
-                    if failure is not None:
-                        await self.health.backoff_after(failure)
-                    else:
-                        wait = self.rng.uniform(
-                            self.config.poll_min_seconds, self.config.poll_max_seconds
-                        )
-                        await anyio.sleep(wait)
-                self._waiting = None
+            async with anyio.create_task_group() as group:
+                while not self.stopping():
+                    # cleared before the claim: a job ending meanwhile is not missed
+                    self._wake_requested = False
+                    failure: Exception | None = None
+                    runs: list[JobRun] = []
+                    if self._free() > 0:
+                        try:
+                            runs = await self._claim()
+                            self.health.succeeded()
+                        except Exception as exc:
+                            failure = exc
+                    for run in runs:
+                        group.start_soon(self._work, run)
+                    if self.stopping():
+                        break
+                    if runs and self._free() > 0:
+                        continue  # there may be more to claim
+                    if self._wake_requested and self._free() > 0 and failure is None:
+                        continue
+                    with anyio.CancelScope() as self._waiting:
+                        if failure is not None:
+                            await self.health.backoff_after(failure)
+                        elif self._free() == 0:
+                            await anyio.sleep_forever()  # until a job ends (wake)
+                        else:
+                            wait = self.rng.uniform(
+                                self.config.poll_min_seconds, self.config.poll_max_seconds
+                            )
+                            await anyio.sleep(wait)
+                    self._waiting = None
         finally:
             self.health.running = False
             self._stopped.set()
 
     def wake(self) -> None:
         """Poll now instead of at the end of the current wait."""
+        self._wake_requested = True
         if self._waiting is not None:
             self._waiting.cancel()
 
