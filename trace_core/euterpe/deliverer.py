@@ -101,6 +101,8 @@ class WebhookDeliverer:
             rng=self._rng,
         )
         self.health = LoopHealth("webhook deliverer", logger=log, sleep=sleep, rng=self._rng)
+        self.rounds = 0
+        """Rounds :meth:`run` has completed (for health checks and tests)."""
         self._wake = anyio.Event()
         self._stop = anyio.Event()
         self._stopped = anyio.Event()
@@ -227,6 +229,7 @@ class WebhookDeliverer:
             while not self._stop.is_set():
                 try:
                     outcomes = await self.run_once()
+                    self.rounds += 1
                     self.health.succeeded()
                 except Exception as exc:
                     if self._stop.is_set():

@@ -64,7 +64,8 @@ def webhook_retry_policy(
     - 2xx: delivered (decided before classifying);
     - 408, 423 and every 5xx, and no answer at all (timeout, refused
       connection): retried with exponential backoff and full jitter;
-    - 429: retried from the larger, throttled backoff bucket;
+    - 429: retried from the larger, throttled backoff bucket (30 s doubling
+      to 900 s, at least half of each step);
     - 401/403 (``CREDENTIAL_REFRESH`` in the shared policy): retried like a
       5xx: the receiver refused the signature, which a secret rotation in
       progress or its clock explains, and which a later attempt may pass;
@@ -78,6 +79,7 @@ def webhook_retry_policy(
     """
     return RetryPolicy(
         normal=normal or Backoff(base_seconds=1.0, factor=2.0, cap_seconds=300.0, jitter=1.0),
-        throttled=throttled or Backoff(base_seconds=30.0, cap_seconds=900.0, jitter=1.0),
+        # Half jitter: a 429 waits at least half its bucket, never almost nothing.
+        throttled=throttled or Backoff(base_seconds=30.0, cap_seconds=900.0, jitter=0.5),
         retryable_statuses=frozenset({408, 423, *range(500, 600)}),
     )
