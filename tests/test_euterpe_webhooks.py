@@ -20,6 +20,7 @@ from datetime import timedelta
 from typing import Any
 
 import anyio
+import anyio.abc
 import pytest
 
 from tests.factories import make_webhook_events, wait_until
@@ -544,3 +545,28 @@ async def test_wake_makes_a_waiting_deliverer_poll_at_once(
         with anyio.fail_after(5):
             await d.stop()
     assert not d.health.running
+
+
+@pytest.mark.anyio
+async def test_httpx_poster_reports_timeouts_and_refusals_as_failed_attempts() -> None:
+    from trace_core.euterpe.webhook_poster import HttpxPoster
+
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    port = listener.extra(anyio.abc.SocketAttribute.local_port)
+
+    async def never_answers(stream: anyio.abc.SocketStream) -> None:
+        async with stream:
+            await anyio.sleep_forever()
+
+    poster = HttpxPoster(timeout_seconds=0.3, connect_timeout_seconds=0.3)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(listener.serve, never_answers)
+        with anyio.fail_after(10):
+            result = await poster.post(f"http://127.0.0.1:{port}/hook", b"{}", {})
+        tg.cancel_scope.cancel()
+    assert result == PostResult(None, "timeout (ReadTimeout)") and not result.delivered
+    await listener.aclose()
+    with anyio.fail_after(10):
+        refused = await poster.post(f"http://127.0.0.1:{port}/hook", b"{}", {})
+    await poster.aclose()
+    assert refused.status is None and refused.error and "ConnectError" in refused.error

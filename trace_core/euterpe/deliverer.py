@@ -178,7 +178,12 @@ class WebhookDeliverer:
 
             async def post() -> None:
                 nonlocal result
-                result = await self.poster.post(url, body, headers)
+                try:
+                    result = await self.poster.post(url, body, headers)
+                except Exception as exc:
+                    # A poster's own bug or an unforeseen transport error: a
+                    # failed attempt like a timeout, not a crash of the round.
+                    result = PostResult(None, f"poster raised {type(exc).__name__}")
                 tg.cancel_scope.cancel()
 
             tg.start_soon(heartbeat)
@@ -194,16 +199,14 @@ class WebhookDeliverer:
             retry_class = self.retry.classify(result.status, retryable=True)
             if retry_class is RetryClass.CREDENTIAL_REFRESH:
                 retry_class = RetryClass.RETRYABLE  # see webhook_retry_policy
-            error = (
-                f"HTTP {result.status}" if result.status is not None else str(result.error)
-            ) + f" (attempt {lease.attempt})"
+            error = f"HTTP {result.status}" if result.status is not None else str(result.error)
             outcome = await self.leases.fail(lease.fence, error, retry_class=retry_class)
         except StaleClaim:
             # Reclaimed meanwhile: the new holder posts again (a duplicate the
             # receiver acknowledges) and writes the outcome.
             return DeliveryOutcome.LOST_LEASE
         log.warning(
-            "webhook event %s (job attempt %d): %s; %s",
+            "webhook event %s, delivery attempt %d: %s; %s",
             lease.item_id,
             lease.attempt,
             error,
