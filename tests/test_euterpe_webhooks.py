@@ -27,7 +27,7 @@ from tests.factories import make_webhook_events, wait_until
 from trace_core.clock import ManualClock
 from trace_core.errors import ConfigurationError
 from trace_core.euterpe.deliverer import DeliveryOutcome, WebhookDeliverer
-from trace_core.euterpe.deliverer_config import DelivererConfig
+from trace_core.euterpe.deliverer_config import WEBHOOK_CHANNEL, DelivererConfig
 from trace_core.euterpe.receiver import ReceiverConfig, ReplayedWebhook, WebhookReceiver
 from trace_core.euterpe.webhook_body import webhook_body_bytes
 from trace_core.euterpe.webhook_poster import PostResult
@@ -535,10 +535,20 @@ async def test_wake_makes_a_waiting_deliverer_poll_at_once(
         await d.start(tg)
         await wait_until("a first round", lambda: d.rounds >= 1, time.monotonic() + 5, describe=str)
         await make_webhook_events(repo, clock.now(), events_per_job=1, requester_id="acme")
-        d.wake()
+        d.wake([uuid.uuid4()])  # as the job lifecycle's on_commit hook calls it
         await wait_until(
             "the woken deliverer to deliver",
             lambda: len(poster.processed) == 1,
+            time.monotonic() + 5,
+            describe=lambda: f"{len(poster.posts)} posts",
+        )
+        # A commit notifying the channel (what the job lifecycle's writes do) wakes it too.
+        await make_webhook_events(repo, clock.now(), events_per_job=1, requester_id="acme")
+        async with repo.transaction() as tx:
+            tx.notify(WEBHOOK_CHANNEL)
+        await wait_until(
+            "the notified deliverer to deliver",
+            lambda: len(poster.processed) == 2,
             time.monotonic() + 5,
             describe=lambda: f"{len(poster.posts)} posts",
         )

@@ -25,7 +25,7 @@ import contextlib
 import logging
 import random
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 import anyio
 import anyio.abc
@@ -216,8 +216,10 @@ class WebhookDeliverer:
 
     # --- the service --------------------------------------------------------
 
-    def wake(self) -> None:
-        """Poll at once (a local commit wrote events); safe to call any time."""
+    def wake(self, event_ids: Sequence[uuid.UUID] = ()) -> None:
+        """Poll at once (a local commit wrote events); safe to call any time.
+        Fits the job lifecycle's ``on_commit`` hook, which passes the new
+        events' ids (unused: the claim finds them, in order)."""
         self._wake.set()
 
     async def run(self) -> None:

@@ -12,8 +12,10 @@ __all__ = ["MAX_BATCH", "WEBHOOK_CHANNEL", "DelivererConfig", "webhook_retry_pol
 MAX_BATCH = 25
 """The largest claim batch §12 allows (low-CPU pods, pending profiling)."""
 
-WEBHOOK_CHANNEL = "euterpe_webhooks"
-"""Notified by a commit that wrote webhook events: deliverers poll at once."""
+WEBHOOK_CHANNEL = "euterpe_job_events"
+"""Notified by a commit that wrote webhook events: deliverers poll at once.
+The name is the one the job lifecycle notifies (``job_records.EVENTS_CHANNEL``
+on main, written in parallel with this module)."""
 
 
 @dataclass(frozen=True)
