@@ -379,3 +379,69 @@ class RowJobEnqueuer:
             sealed=sealed,
             max_attempts=max_attempts,
         )
+
+
+# --- Euterpe webhook events ------------------------------------------------------
+
+
+async def make_webhook_events(
+    repo: SqlRepository,
+    now: datetime,
+    *,
+    jobs: int = 1,
+    events_per_job: int = 3,
+    requester_id: str = "req-1",
+    url: str | None = "http://127.0.0.1:9/hook",
+    max_attempts: int = 5,
+) -> dict[uuid.UUID, list[uuid.UUID]]:
+    """Insert ``jobs`` inbox jobs (with ``url`` as their webhook) and
+    ``events_per_job`` pending webhook events each, with sequences 1, 2, …
+    and bodies from :func:`trace_core.euterpe.events.event_body`; return each
+    job's event ids in sequence order. Rows are inserted directly: the job
+    lifecycle that writes them in production is another module's."""
+    from trace_core.euterpe.events import event_body
+
+    stages = ("queued", "claimed", "fetching", "processing", "uploading", "succeeded")
+    made: dict[uuid.UUID, list[uuid.UUID]] = {}
+    async with repo.transaction() as tx:
+        for _ in range(jobs):
+            job = uuid.uuid4()
+            await tx.connection.execute(
+                sa.insert(schema.inbox_jobs).values(
+                    id=job,
+                    requester_id=requester_id,
+                    request={},
+                    status_webhook_url=url,
+                    available_at=now,
+                    created_at=now,
+                    updated_at=now,
+                )
+            )
+            ids = [uuid.uuid4() for _ in range(events_per_job)]
+            rows = []
+            for seq, event_id in enumerate(ids, start=1):
+                status = stages[min(seq - 1, len(stages) - 1)]
+                body = event_body(
+                    event_id=event_id,
+                    job_id=job,
+                    sequence=seq,
+                    status=status,
+                    occurred_at=now,
+                    attempt_count=1,
+                    metadata={"note": "é"},
+                )
+                rows.append(
+                    {
+                        "id": event_id,
+                        "job_id": job,
+                        "event_type": body["event_type"],
+                        "sequence": seq,
+                        "payload": body,
+                        "available_at": now,
+                        "max_attempts": max_attempts,
+                        "created_at": now,
+                    }
+                )
+            await tx.connection.execute(sa.insert(schema.job_outbox_events), rows)
+            made[job] = ids
+    return made

@@ -33,6 +33,8 @@ from trace_core.storage.ports.reaper import ReaperOps
 from trace_core.storage.ports.routing import RoutingOps
 from trace_core.storage.ports.standalone import StandaloneOps
 from trace_core.storage.ports.status import StatusOps
+from trace_core.storage.ports.webhook_delivery import WebhookDeliveryOps
+from trace_core.storage.ports.webhook_receipts import WebhookReceiptOps
 from trace_core.wakeup import Subscription
 
 __all__ = [
@@ -218,6 +220,16 @@ class Transaction(Protocol):
     @property
     def inbox(self) -> InboxOps:
         """Euterpe's inbox jobs: insertion, history, webhook events, refresh counter, pruning."""
+        ...
+
+    @property
+    def webhook_receipts(self) -> WebhookReceiptOps:
+        """A webhook receiver's memory: nonces in their replay window, event ids seen."""
+        ...
+
+    @property
+    def webhook_delivery(self) -> WebhookDeliveryOps:
+        """The webhook deliverer's claim in stage order, and each event's target."""
         ...
 
     # --- the ownership protocol, one implementation for every queue ---------

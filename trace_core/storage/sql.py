@@ -41,6 +41,7 @@ from trace_core.storage.sql_job_states import SqlJobStateOps
 from trace_core.storage.sql_journal import SqlJournalOps
 from trace_core.storage.sql_launch import SqlLaunchOps
 from trace_core.storage.sql_leasing import (
+    ClaimGate,
     LeaseStatements,
     fence_storable,
     finishable,
@@ -55,6 +56,8 @@ from trace_core.storage.sql_sources import SqlSourceOps
 from trace_core.storage.sql_standalone import SqlStandaloneOps
 from trace_core.storage.sql_status import SqlStatusOps
 from trace_core.storage.sql_tasks import SqlTaskOps
+from trace_core.storage.sql_webhook_delivery import SqlWebhookDeliveryOps
+from trace_core.storage.sql_webhook_receipts import SqlWebhookReceiptOps
 from trace_core.storage.url import DatabaseURL, parse_database_url
 from trace_core.wakeup import Subscription, WakeupHub
 
@@ -246,6 +249,16 @@ class SqlTransaction:
         """Euterpe's inbox jobs, history and events (:mod:`~trace_core.storage.sql_inbox`)."""
         return SqlInboxOps(self)
 
+    @functools.cached_property
+    def webhook_receipts(self) -> SqlWebhookReceiptOps:
+        """A webhook receiver's nonces and event ids (``sql_webhook_receipts``)."""
+        return SqlWebhookReceiptOps(self)
+
+    @functools.cached_property
+    def webhook_delivery(self) -> SqlWebhookDeliveryOps:
+        """The deliverer's ordered claim and targets (``sql_webhook_delivery``)."""
+        return SqlWebhookDeliveryOps(self, self.claim)
+
     # --- ownership protocol -------------------------------------------------
 
     async def claim(
@@ -257,14 +270,17 @@ class SqlTransaction:
         now: datetime,
         limit: int = 1,
         item_id: ItemId | None = None,
+        gate: ClaimGate | None = None,
     ) -> list[Lease]:
+        # ``gate`` (SQL only, not in the port): an extra claim condition, for
+        # areas that need the generic claim with one more test (webhook order).
         expires_at = now + timedelta(seconds=lease_seconds)
         params: dict[str, Any] = {"b_worker_id": worker_id, "now": now, "expires_at": expires_at}
         if item_id is not None:
             params["item_id"] = item_id
         else:
             params["limit"] = limit
-        stmt = self._stmts.claim(queue, item_id is not None)
+        stmt = self._stmts.claim(queue, item_id is not None, gate)
         with translate_errors(f"claim {queue.name}"):
             rows = await self._fetch(stmt, params)
         qt = self._stmts.table(queue)

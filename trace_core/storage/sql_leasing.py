@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import json
 import uuid
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -24,12 +24,19 @@ from trace_core.model import Fence, ItemId, QueueSpec
 from trace_core.storage.queue_tables import QUEUE_TABLES, QueueTable
 
 __all__ = [
+    "ClaimGate",
     "LeaseStatements",
     "fence_storable",
     "finishable",
     "reply_accepted",
     "status_in",
 ]
+
+
+ClaimGate = Callable[[QueueTable], sa.ColumnElement[bool]]
+"""An extra condition a ready row must meet to be claimed (a module-level
+function, so the cached statement is built once): e.g. the webhook events'
+"earlier events of the job are finished" (``sql_webhook_delivery``)."""
 
 
 def _status(value: str) -> sa.ColumnElement[str]:
@@ -114,13 +121,16 @@ class LeaseStatements:
         )
 
     @functools.cache  # noqa: B019 - one instance per engine, lives as long as the process
-    def claim(self, queue: QueueSpec, by_id: bool) -> sa.Update:
-        """Lease ready items: by id, or the oldest ``:limit`` ones."""
+    def claim(self, queue: QueueSpec, by_id: bool, gate: ClaimGate | None = None) -> sa.Update:
+        """Lease ready items: by id, or the oldest ``:limit`` ones; with
+        ``gate``, only ready items that also meet its condition."""
         qt = self.table(queue)
         c = qt.c
         ready = [status_in(c.status, queue.ready)]
         if qt.ready_at is not None:
             ready.append(qt.ready_at <= sa.bindparam("now"))
+        if gate is not None:
+            ready.append(gate(qt))
         if queue.first_claim_keeps_attempt:
             attempt: sa.ColumnElement[Any] = sa.case(
                 (c.claim_version == 0, qt.attempt), else_=qt.attempt + 1

@@ -123,6 +123,13 @@ from trace_core.storage.ports.tasks import (
     RuntimeRoute,
     TaskOps,
 )
+from trace_core.storage.ports.webhook_delivery import (
+    WebhookDeliveryOps,
+    WebhookTarget,
+)
+from trace_core.storage.ports.webhook_receipts import (
+    WebhookReceiptOps,
+)
 
 __all__ = [
     "ApiKeyOps",
@@ -203,4 +210,7 @@ __all__ = [
     "VersionPointer",
     "VersionProgress",
     "Wakeup",
+    "WebhookDeliveryOps",
+    "WebhookReceiptOps",
+    "WebhookTarget",
 ]
