@@ -29,7 +29,7 @@ from trace_core.euterpe.webhook_poster import PostResult, WebhookPoster
 from trace_core.leasing import FailOutcome
 from trace_core.model import Fence, Lease
 
-__all__ = ["Stopwatch", "TimedJobs", "TimedProcessor", "TimedStorage", "CountingPoster"]
+__all__ = ["CountingPoster", "Stopwatch", "TimedJobs", "TimedProcessor", "TimedStorage"]
 
 
 class Stopwatch:

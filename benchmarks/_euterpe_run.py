@@ -120,12 +120,18 @@ class _World:
 
     async def admin(self) -> MintedCredentials:
         return await self.minter.mint(
-            Scope(read=(S3Prefix.parse(f"s3://{BUCKET}/x/"),), write=(S3Prefix.parse(f"s3://{BUCKET}/in/"),)),
+            Scope(
+                read=(S3Prefix.parse(f"s3://{BUCKET}/x/"),),
+                write=(S3Prefix.parse(f"s3://{BUCKET}/in/"),),
+            ),
             session_name="bench-admin",
             duration_seconds=43200,
         )
 
     def worker(self, params: Params, processor: Processor, watch: Stopwatch) -> EuterpeWorker:
+        """A worker whose lifecycle writes, storage calls and processor calls
+        are all charged to ``watch``."""
+        self.jobs.watch = watch
         poll = params.poll_max_seconds
         parts = WorkerParts(
             jobs=self.jobs,
@@ -279,7 +285,9 @@ async def _jobs_and_webhooks(
     statuses = [await world.jobs.status(job) for job in job_ids]
     not_done = [f"{s.job_id}: {s.status}" for s in statuses if s.status != "succeeded"]
     if len(job_ids) != params.jobs or not_done:
-        raise BenchmarkFailed(f"{len(job_ids)}/{params.jobs} enqueued; not succeeded: {not_done[:5]}")
+        raise BenchmarkFailed(
+            f"{len(job_ids)}/{params.jobs} enqueued; not succeeded: {not_done[:5]}"
+        )
     expected = {str(e.event_id) for s in statuses for e in s.events}
 
     before = (await receiver.stats(0)).total_processed
@@ -342,7 +350,6 @@ async def _ffmpeg_job(params: Params, world: _World) -> dict[str, Any]:
     )
     watch = Stopwatch()
     world.jobs.expect(1)
-    world.jobs.watch = watch
     worker = world.worker(params, FfmpegProcessor(), watch)
     began = time.perf_counter()
     with anyio.fail_after(params.timeout_seconds):

@@ -74,11 +74,9 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         prog="python -m benchmarks.euterpe", description=(__doc__ or "").split("\n")[0]
     )
     p.add_argument("--runs", type=int, default=3, help="runs; the summary has medians")
-    p.add_argument(
-        "--engines", default=",".join(ENGINES), help="comma-separated: sqlite, postgres"
-    )
+    p.add_argument("--engines", default=",".join(ENGINES), help="comma-separated: sqlite, postgres")
     p.add_argument("--pg-url", help="a Postgres server URL (default: a throwaway cluster)")
-    p.add_argument("--jobs", type=int, default=200, help="jobs per run and engine")
+    p.add_argument("--jobs", type=int, default=120, help="jobs per run and engine")
     p.add_argument("--source-bytes", type=int, default=16384, help="size of each source")
     p.add_argument("--enqueue-concurrency", type=int, default=4, help="enqueues in flight")
     p.add_argument("--concurrency", type=int, default=2, help="the worker's job slots")
@@ -156,7 +154,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         scratch = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="euterpe-bench-")))
         dbs = {
             engine: stack.enter_context(
-                Databases(engine, args.pg_url if engine == "postgres" else None)  # type: ignore[arg-type]
+                Databases(engine, args.pg_url if engine == "postgres" else None)
             )
             for engine in args.engine_list
         }
