@@ -33,6 +33,10 @@ from types import TracebackType
 from typing import Any
 from urllib.parse import parse_qs
 
+from trace_core.euterpe.receiver import WebhookReceiver
+from trace_core.security.webhook_signing import WebhookRejected
+from trace_core.storage.sql import SqlRepository
+
 __all__ = ["ReceiverProcess", "ReceiverStats", "main"]
 
 SECRETS_ENV = "BENCH_EUTERPE_RECEIVER_SECRETS"
@@ -135,13 +139,10 @@ class _App:
         self.processed: list[str] = []
         self.duplicates = 0
         self.rejected = 0
-        self._repo: Any = None
-        self._receiver: Any = None
+        self._repo: SqlRepository | None = None
+        self._receiver: WebhookReceiver | None = None
 
     async def open(self) -> None:
-        from trace_core.euterpe.receiver import WebhookReceiver
-        from trace_core.storage.sql import SqlRepository
-
         self._repo = SqlRepository(self.url)
         self._receiver = WebhookReceiver(self._repo, self.secrets)
 
@@ -181,8 +182,7 @@ class _App:
         await send({"type": "http.response.body", "body": data})
 
     async def _hook(self, headers: dict[str, str], body: bytes) -> tuple[int, dict[str, Any]]:
-        from trace_core.security.webhook_signing import WebhookRejected
-
+        assert self._repo is not None and self._receiver is not None
         try:
             # The helper's records and the "processing" (here: noting the id)
             # commit together, as the helper's docstring asks.
