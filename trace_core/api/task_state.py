@@ -47,7 +47,7 @@ from trace_core.api.models import ErrorBody
 from trace_core.api.task_scoped import TASK_ERROR_RESPONSES
 from trace_core.authoring.state import DEFAULT_STATE_KEY, StateConflict
 from trace_core.dispatcher.service import Dispatcher
-from trace_core.limits import MAX_OPERATOR_STATE_BYTES
+from trace_core.limits import MAX_BIGINT, MAX_OPERATOR_STATE_BYTES
 
 __all__ = [
     "StateConflictBody",
@@ -68,7 +68,7 @@ def _bounded(value: dict[str, Any]) -> dict[str, Any]:
 
 OperatorState = Annotated[JsonObject, AfterValidator(_bounded)]
 """A JSON object of at most :data:`~trace_core.limits.MAX_OPERATOR_STATE_BYTES`."""
-Version = Annotated[int, Field(strict=True, ge=1)]
+Version = Annotated[int, Field(strict=True, ge=1, le=MAX_BIGINT)]
 
 
 class StateReadRequest(Request):
