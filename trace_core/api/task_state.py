@@ -106,11 +106,12 @@ class StateWriteResponse(BaseModel):
 
 
 class StateConflictBody(ErrorBody):
-    """409 ``conflict``: the stored version is not the expected one (``null``:
-    none stored, or "create" expected); re-read and try again."""
+    """A 409 of a write: ``conflict`` (the stored version is not the expected
+    one; ``null``: none stored, or "create" expected; re-read and try again),
+    or ``stale`` (without the versions)."""
 
-    expected_version: int | None
-    actual_version: int | None
+    expected_version: int | None = None
+    actual_version: int | None = None
 
 
 _WRITE_RESPONSES: dict[int | str, dict[str, Any]] = {
