@@ -121,6 +121,16 @@ class RetryingClient:
         """The retry loop; pass it to the worker's other clients to share its budget rules."""
 
     @property
+    def backoff(self) -> Backoff:
+        """The delays between retries."""
+        return self.retry.backoff
+
+    @property
+    def max_elapsed_seconds(self) -> float:
+        """How long a call is retried before its last error is raised."""
+        return self.retry.max_elapsed_seconds
+
+    @property
     def retries(self) -> int:
         """Retries made so far, over all calls (for tests and metrics)."""
         return self.retry.retries
