@@ -630,7 +630,8 @@ async def test_the_document_declares_the_capability_scheme_on_task_routes(api: T
     scheme = document["components"]["securitySchemes"]["taskCapability"]
     assert scheme == {**scheme, "type": "apiKey", "in": "header", "name": HEADER}
     task_paths = [p for p in document["paths"] if p.startswith("/v1/task/")]
-    assert sorted(task_paths) == sorted(f"/v1/task/{r}" for r in ROUTES)
+    state = ("state/read", "state/write")  # operator state: tests/test_task_state_http.py
+    assert sorted(task_paths) == sorted(f"/v1/task/{r}" for r in (*ROUTES, *state))
     for path, item in document["paths"].items():
         for operation in item.values():
             expected = "taskCapability" if path.startswith("/v1/task/") else "internalBearer"

@@ -786,6 +786,8 @@ def test_the_worker_package_exports_what_we_mean() -> None:
         "HeartbeatResult",
         "HttpControlPlaneClient",
         "HttpCredentialSource",
+        "HttpOperatorState",
+        "OutageRetry",
         "RetryingClient",
         "UdfConfig",
         "UdfOperator",

@@ -240,16 +240,18 @@ def rehearse(options: RehearsalOptions, out: TextIO) -> RehearsalResult:
             "TRACE_AWS_BUCKET": aws.bucket,
             "TRACE_AWS_QUEUE_URLS": f"{WORKER_QUEUE}={aws.worker_queue}",
             "TRACE_AWS_WORKER_QUEUE": aws.worker_queue,
-            "TRACE_DATABASE_URL": database_url,
             "TRACE_INTERNAL_TOKEN": token,
             "TRACE_BIND": f"127.0.0.1:{port}",
             "TRACE_API_URL": base,
             "TRACE_REHEARSAL_WORK_DIR": str(work / "scratch"),
             "TRACE_REHEARSAL_SPARK_MEMORY": options.spark_memory,
         }
+        # Only migrate and serve get the database; the workers are database-free
+        # (operator state goes through /v1/task/state).
+        database = {"TRACE_DATABASE_URL": database_url}
         children = Children(work, env)
         stack.callback(children.stop)
-        children.run("migrate", ["migrate"])
+        children.run("migrate", ["migrate"], database)
         dag, line, alerts_uuid = anyio.run(_deploy, database_url, text, name, aws.bucket)
         say(line)
         shown = make_url(database_url).render_as_string(hide_password=True)
@@ -258,7 +260,7 @@ def rehearse(options: RehearsalOptions, out: TextIO) -> RehearsalResult:
         children.start(
             "serve",
             ["--log-level", "warning", "serve", "--operators", OPERATORS_REF],
-            {"TRACE_AWS_BUFFER_QUEUES": f"{alerts_uuid}={aws.buffer_queue}"},
+            {**database, "TRACE_AWS_BUFFER_QUEUES": f"{alerts_uuid}={aws.buffer_queue}"},
         )
         _until("trace-aws serve to be ready", _ready(base, token), 120, children)
         for i in range(options.workers):

@@ -31,7 +31,8 @@ class Children:
         self.started: list[tuple[str, subprocess.Popen[bytes], IO[bytes]]] = []
 
     def start(self, name: str, args: list[str], env: Mapping[str, str] | None = None) -> Any:
-        """Start ``trace-aws ARGS`` as ``name`` (log ``<log_dir>/<name>.log``)."""
+        """Start ``trace-aws ARGS`` as ``name`` (log ``<log_dir>/<name>.log``),
+        ``env`` added to the common environment."""
         out = (self.log_dir / f"{name}.log").open("wb")
         process = subprocess.Popen(
             [sys.executable, "-m", "trace_aws.cli", *args],
@@ -45,12 +46,19 @@ class Children:
         self.started.append((name, process, out))
         return process
 
-    def run(self, name: str, args: list[str], timeout: float = 300.0) -> None:
-        """Run ``trace-aws ARGS`` to its end; raise with its log unless it exits 0."""
+    def run(
+        self,
+        name: str,
+        args: list[str],
+        env: Mapping[str, str] | None = None,
+        timeout: float = 300.0,
+    ) -> None:
+        """Run ``trace-aws ARGS`` to its end (``env`` added to the common one);
+        raise with its log unless it exits 0."""
         with (self.log_dir / f"{name}.log").open("wb") as out:
             done = subprocess.run(
                 [sys.executable, "-m", "trace_aws.cli", *args],
-                env=self.env,
+                env={**self.env, **(env or {})},
                 cwd=ROOT,
                 stdout=out,
                 stderr=subprocess.STDOUT,

@@ -18,13 +18,13 @@ pyarrow do their own file I/O, for ``local_path(uri, "read" | "write")``.
 Records of buffered outputs go to ``POST /v1/task/buffer-publish`` with the
 attempt's capability token (:class:`HttpDatasetBuffer`); the API hands them
 to the SQS dataset buffer. The pipeline's own ``operator_state`` (the
-follower's position, the aggregator's ranges) has no control-plane route
-yet, so the rehearsal's workers reach it with the state database's URL:
-the one place where this profile's worker is not database-free.
+follower's position, the aggregator's ranges) goes to ``/v1/task/state``
+with the same token (:class:`~trace_core.worker.http_state.HttpOperatorState`),
+so the rehearsal's workers are database-free: they hold no database URL.
 
 ``OPERATORS`` (for ``--operators trace_aws.rehearsal_operators:OPERATORS``)
 is built on first access from the environment: ``TRACE_AWS_REGION``,
-``TRACE_AWS_ENDPOINT_URL``, ``TRACE_API_URL``, ``TRACE_DATABASE_URL``,
+``TRACE_AWS_ENDPOINT_URL``, ``TRACE_API_URL``,
 ``TRACE_REHEARSAL_WORK_DIR`` (scratch, default the temp dir) and
 ``TRACE_REHEARSAL_SPARK_MEMORY`` (the driver's heap, default ``1g``).
 """
@@ -235,28 +235,24 @@ def committing_operator(spec: OperatorSpec, work_dir: Path) -> OperatorSpec:
 
 @dataclass(frozen=True)
 class RehearsalRuntime:
-    """Where the rehearsal's operators reach AWS, the API and the state database."""
+    """Where the rehearsal's operators reach AWS and the API."""
 
     region: str
     endpoint_url: str | None
     api_url: str
-    database_url: str
     work_dir: Path
     spark_memory: str = "1g"
 
     @classmethod
     def from_environment(cls, env: Mapping[str, str]) -> RehearsalRuntime:
         """Read the variables of the module docstring; a missing one is named."""
-        missing = [
-            n for n in ("TRACE_AWS_REGION", "TRACE_API_URL", "TRACE_DATABASE_URL") if not env.get(n)
-        ]
+        missing = [n for n in ("TRACE_AWS_REGION", "TRACE_API_URL") if not env.get(n)]
         if missing:
             raise ConfigurationError(f"{missing[0]}: missing (rehearsal operators)")
         return cls(
             region=env["TRACE_AWS_REGION"],
             endpoint_url=env.get("TRACE_AWS_ENDPOINT_URL") or None,
             api_url=env["TRACE_API_URL"],
-            database_url=env["TRACE_DATABASE_URL"],
             work_dir=Path(env.get("TRACE_REHEARSAL_WORK_DIR") or tempfile.gettempdir()),
             spark_memory=env.get("TRACE_REHEARSAL_SPARK_MEMORY") or "1g",
         )
@@ -265,12 +261,10 @@ class RehearsalRuntime:
 def rehearsal_operators(runtime: RehearsalRuntime) -> OperatorRegistry:
     """The pipeline's three operators on S3, the API's buffer and Spark ``local[*]``.
 
-    Nothing connects here: Spark starts, and the state database is reached,
-    on the first task (so ``serve``, which only needs the names, pays nothing).
+    Nothing connects here: Spark starts, and the API is called, on the first
+    task (so ``serve``, which only needs the names, pays nothing).
     """
-    from trace_core.dispatcher.operator_state import OperatorStateStore
-    from trace_core.storage.engine import EngineSettings
-    from trace_core.storage.sql import SqlRepository
+    from trace_core.worker.http_state import HttpOperatorState
     from trace_lite.object_store import LocalObjectStore
     from trace_lite.pipeline.operators import PipelineRuntime, pipeline_operators
     from trace_lite.spark import DEFAULT_SPARK_CONF, SparkConfig, SparkSessionProvider
@@ -283,14 +277,13 @@ def rehearsal_operators(runtime: RehearsalRuntime) -> OperatorRegistry:
         )
     )
     s3 = S3ObjectStore(region=runtime.region, endpoint_url=runtime.endpoint_url)
-    state = OperatorStateStore(SqlRepository(runtime.database_url, EngineSettings(pool_size=2)))
     pipeline = PipelineRuntime(
         # The operators only call handle_for(...).local_path/get/put/list,
         # which S3FileStore provides on S3.
         store=cast(LocalObjectStore, S3FileStore(s3)),
         spark=spark,
         buffer=HttpDatasetBuffer(runtime.api_url),
-        state=state,
+        state=HttpOperatorState(runtime.api_url),
     )
     return OperatorRegistry(
         committing_operator(spec, runtime.work_dir) for spec in pipeline_operators(pipeline)

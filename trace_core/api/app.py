@@ -6,7 +6,8 @@ worker contract (:mod:`~trace_core.api.worker_v1`) and the operations
 endpoints (:mod:`~trace_core.api.ops`), behind the internal bearer token
 (:mod:`~trace_core.api.auth`) and the body cap (:mod:`~trace_core.api.limits`),
 with every error answered as JSON (:mod:`~trace_core.api.errors`). With a
-token verifier, the task-scoped endpoints (:mod:`~trace_core.api.task_scoped`)
+token verifier, the task-scoped endpoints (:mod:`~trace_core.api.task_scoped`,
+:mod:`~trace_core.api.task_state`)
 are mounted too, behind the capability token instead
 (:mod:`~trace_core.api.capability`).
 
@@ -37,6 +38,7 @@ from trace_core.api.ops import health_router, ops_router
 from trace_core.api.query import QueryService, query_router
 from trace_core.api.streams import StreamClaimer
 from trace_core.api.task_scoped import task_router
+from trace_core.api.task_state import task_state_router
 from trace_core.api.worker_v1 import worker_router
 from trace_core.dispatcher.buffer import DatasetBuffer
 from trace_core.dispatcher.service import Dispatcher
@@ -153,6 +155,7 @@ def create_app(
     )
     if verifier is not None:
         app.include_router(task_router(dispatcher, minter=minter, buffer=buffer))
+        app.include_router(task_state_router(dispatcher))
         if query is not None:
             app.include_router(query_router(dispatcher, query))
     # The last added middleware runs first: authentication, then the body cap,

@@ -13,6 +13,12 @@ both engines without locks: on Postgres a concurrent writer's ``UPDATE``
 waits for the first to commit, then re-checks the version and matches nothing.
 Every method takes an optional transaction, so a state change can commit
 atomically with the task's completion.
+
+A worker without database credentials reaches its job's state through the
+control plane (``/v1/task/state``): :meth:`OperatorStateStore.get_for_attempt`
+and :meth:`~OperatorStateStore.put_for_attempt` name a task attempt instead of
+an org and a job, and act only while that attempt holds the task's lease,
+judged in the same transaction as the read or write.
 """
 
 from __future__ import annotations
@@ -20,55 +26,19 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from typing import Any
 
+from trace_core.authoring.state import DEFAULT_STATE_KEY, StateConflict, StateSnapshot
 from trace_core.clock import Clock, SystemClock
-from trace_core.errors import ConfigurationError, TraceError
+from trace_core.dispatcher.payload import task_rows
+from trace_core.errors import ConfigurationError, StaleClaim
+from trace_core.model import TASKS
 from trace_core.storage.ports.operator_state import OperatorStateKey
 from trace_core.storage.protocol import Repository, Transaction
 
 __all__ = ["DEFAULT_STATE_KEY", "OperatorStateStore", "StateConflict", "StateSnapshot"]
 
-DEFAULT_STATE_KEY = "default"
-
-
-class StateConflict(TraceError):
-    """A versioned write of operator state lost: the stored version differs.
-
-    ``expected_version`` is what the writer named (``None``: "create, it must
-    not exist"); ``actual_version`` is what is stored (``None``: no row).
-    """
-
-    def __init__(
-        self,
-        org_id: uuid.UUID,
-        job_id: uuid.UUID,
-        state_key: str,
-        expected_version: int | None,
-        actual_version: int | None,
-    ) -> None:
-        expected = (
-            "no state (create)" if expected_version is None else f"version {expected_version}"
-        )
-        actual = "no state" if actual_version is None else f"version {actual_version}"
-        super().__init__(
-            f"operator state conflict for org {org_id}, job {job_id}, key {state_key!r}: "
-            f"expected {expected}, found {actual}"
-        )
-        self.org_id = org_id
-        self.job_id = job_id
-        self.state_key = state_key
-        self.expected_version = expected_version
-        self.actual_version = actual_version
-
-
-@dataclass(frozen=True)
-class StateSnapshot:
-    """A state as read or written, with the version to name in the next write."""
-
-    state: dict[str, Any]
-    version: int
+_JOBS_CACHE = 4096  # tasks
 
 
 class OperatorStateStore:
@@ -77,6 +47,7 @@ class OperatorStateStore:
     def __init__(self, repo: Repository, *, clock: Clock | None = None) -> None:
         self.repo = repo
         self.clock = clock or SystemClock()
+        self._jobs: dict[uuid.UUID, tuple[uuid.UUID, uuid.UUID]] = {}
 
     @asynccontextmanager
     async def _within(self, tx: Transaction | None) -> AsyncIterator[Transaction]:
@@ -163,6 +134,72 @@ class OperatorStateStore:
                 await self._conflict(t, key, expected_version)
         return deleted
 
+    async def get_for_attempt(
+        self, task_id: uuid.UUID, attempt: int, state_key: str = DEFAULT_STATE_KEY
+    ) -> StateSnapshot | None:
+        """:meth:`get` on the task's job while ``attempt`` holds the lease;
+        :class:`StaleClaim` otherwise."""
+        async with self.repo.transaction() as tx:
+            org_id, job_id = await self._leased_job(tx, task_id, attempt)
+            return await self.get(org_id, job_id, state_key, tx=tx)
+
+    async def put_for_attempt(
+        self,
+        task_id: uuid.UUID,
+        attempt: int,
+        state: Mapping[str, Any],
+        *,
+        state_key: str = DEFAULT_STATE_KEY,
+        expected_version: int | None,
+    ) -> StateSnapshot:
+        """:meth:`put` on the task's job while ``attempt`` holds the lease;
+        :class:`StaleClaim` otherwise, :class:`StateConflict` for a lost
+        version check."""
+        async with self.repo.transaction() as tx:
+            org_id, job_id = await self._leased_job(tx, task_id, attempt)
+            return await self.put(
+                org_id,
+                job_id,
+                state,
+                state_key=state_key,
+                expected_version=expected_version,
+                tx=tx,
+            )
+
+    async def _leased_job(
+        self, tx: Transaction, task_id: uuid.UUID, attempt: int
+    ) -> tuple[uuid.UUID, uuid.UUID]:
+        """The task's ``(org_id, job_id)`` if ``attempt`` is its current one and
+        holds the lease (a leased status); :class:`StaleClaim` otherwise.
+
+        The task row is share-locked on Postgres until ``tx`` ends (SQLite's
+        writers are serialized already), so a completion, a reclaim or a newer
+        claim cannot slip between this check and the state's read or write.
+        Unlike an event, state is not a late reply: an attempt the reaper
+        marked timed out is refused at once.
+        """
+        found = await tx.events.lock_producer_attempt(task_id)
+        if found is None:
+            raise StaleClaim("tasks", task_id, "no such task")
+        if found.attempt != attempt:
+            raise StaleClaim(
+                "tasks", task_id, f"attempt {attempt} is not current (attempt {found.attempt})"
+            )
+        if found.status not in TASKS.leased:
+            raise StaleClaim(
+                "tasks", task_id, f"attempt {attempt} does not hold the lease ({found.status})"
+            )
+        job = self._jobs.get(task_id)
+        if job is None:
+            rows = await task_rows(tx, [task_id])
+            if not rows:
+                raise StaleClaim("tasks", task_id, "no such task")
+            job = (_uuid(rows[0]["org_id"]), _uuid(rows[0]["job_id"]))
+            if len(self._jobs) >= _JOBS_CACHE:
+                self._jobs.clear()
+            self._jobs[task_id] = job  # a task's job never changes
+        return job
+
     async def _conflict(
         self, tx: Transaction, key: OperatorStateKey, expected_version: int | None
     ) -> None:
@@ -174,3 +211,7 @@ class OperatorStateStore:
             expected_version,
             None if current is None else current.version,
         )
+
+
+def _uuid(value: Any) -> uuid.UUID:
+    return value if isinstance(value, uuid.UUID) else uuid.UUID(str(value))

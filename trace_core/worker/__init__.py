@@ -11,7 +11,8 @@ a child process without its credentials (:mod:`trace_core.worker.udf`).
 The Dispatcher's own in-process runner
 (:class:`~trace_core.dispatcher.runner.InProcessRunner`) is this wrapper on
 an ``InProcessClient``. httpx is imported only when an HTTP client is built.
-An HTTP worker's scoped credentials come from :class:`HttpCredentialSource`.
+An HTTP worker's scoped credentials come from :class:`HttpCredentialSource`,
+its operators' state from :class:`HttpOperatorState` (``/v1/task/state``).
 """
 
 from typing import TYPE_CHECKING
@@ -29,7 +30,8 @@ if TYPE_CHECKING:
     )
     from trace_core.worker.http_client import HttpControlPlaneClient
     from trace_core.worker.http_credentials import HttpCredentialSource
-    from trace_core.worker.retrying import DEFAULT_BACKOFF, RetryingClient
+    from trace_core.worker.http_state import HttpOperatorState
+    from trace_core.worker.retrying import DEFAULT_BACKOFF, OutageRetry, RetryingClient
     from trace_core.worker.udf import UdfConfig, UdfOperator, child_environment, run_udf
     from trace_core.worker.wrapper import (
         ABANDONED,
@@ -58,6 +60,8 @@ __all__ = [
     "HeartbeatResult",
     "HttpControlPlaneClient",
     "HttpCredentialSource",
+    "HttpOperatorState",
+    "OutageRetry",
     "RetryingClient",
     "UdfConfig",
     "UdfOperator",

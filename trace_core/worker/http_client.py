@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     import httpx
 
 
-__all__ = ["HttpControlPlaneClient"]
+__all__ = ["HttpControlPlaneClient", "json_answer"]
 
 _RETRYABLE_STATUSES = frozenset({429})  # plus every 5xx
 
@@ -205,36 +205,54 @@ class HttpControlPlaneClient:
             )
         except httpx.TransportError as exc:
             raise ControlPlaneUnavailable(f"{method} {path}: {type(exc).__name__}") from exc
-        status = response.status_code
-        try:
-            answer = response.json()
-        except ValueError:
-            answer = None
-        if not isinstance(answer, dict):
-            if 400 <= status < 500 and status not in _RETRYABLE_STATUSES:
-                raise ControlPlaneRejected(status, "unexpected", f"{method} {path}: no JSON body")
-            # A proxy's error page or a cut-off body: the Dispatcher did not answer us.
-            raise ControlPlaneUnavailable(
-                f"{method} {path}: {status} without a JSON body",
-                retry_after=_retry_after(response.headers),
-            )
-        if status < 300:
-            return answer
-        error = str(answer.get("error") or "error")
-        reason = str(answer.get("reason") or "")
-        if status >= 500 or status in _RETRYABLE_STATUSES:
-            raise ControlPlaneUnavailable(
-                f"{method} {path}: {status} {error}", retry_after=_retry_after(response.headers)
-            )
-        if status == 409 and error == "stale":
-            raise StaleClaim("tasks", fenced or (params or {}).get("task_id"), reason)
-        if status == 404:
-            if fenced is not None:
-                raise StaleClaim("tasks", fenced, reason or "no such task")
-            raise NotFound(reason or f"{path}: not found")
-        if status == 400:
-            raise InvalidInput(str(answer.get("field") or "body"), reason)
-        raise ControlPlaneRejected(status, error, reason)
+        subject = fenced or (params or {}).get("task_id")
+        return json_answer(response, f"{method} {path}", fenced=fenced, subject=subject)
+
+
+def json_answer(
+    response: httpx.Response,
+    what: str,
+    *,
+    fenced: uuid.UUID | None = None,
+    subject: object = None,
+) -> dict[str, Any]:
+    """The answer's JSON object, or the contract's error (module docstring).
+
+    ``what`` names the call in messages (``POST /internal/events``);
+    ``fenced`` is the task id of a fenced call, whose 404 means our claim
+    cannot be current (stale) rather than "no such thing"; ``subject`` is
+    the item a ``409 stale`` names (the fenced task by default).
+    """
+    status = response.status_code
+    try:
+        answer = response.json()
+    except ValueError:
+        answer = None
+    if not isinstance(answer, dict):
+        if 400 <= status < 500 and status not in _RETRYABLE_STATUSES:
+            raise ControlPlaneRejected(status, "unexpected", f"{what}: no JSON body")
+        # A proxy's error page or a cut-off body: the Dispatcher did not answer us.
+        raise ControlPlaneUnavailable(
+            f"{what}: {status} without a JSON body",
+            retry_after=_retry_after(response.headers),
+        )
+    if status < 300:
+        return answer
+    error = str(answer.get("error") or "error")
+    reason = str(answer.get("reason") or "")
+    if status >= 500 or status in _RETRYABLE_STATUSES:
+        raise ControlPlaneUnavailable(
+            f"{what}: {status} {error}", retry_after=_retry_after(response.headers)
+        )
+    if status == 409 and error == "stale":
+        raise StaleClaim("tasks", subject if subject is not None else fenced, reason)
+    if status == 404:
+        if fenced is not None:
+            raise StaleClaim("tasks", fenced, reason or "no such task")
+        raise NotFound(reason or f"{what}: not found")
+    if status == 400:
+        raise InvalidInput(str(answer.get("field") or "body"), reason)
+    raise ControlPlaneRejected(status, error, reason)
 
 
 def _retry_after(headers: Mapping[str, str]) -> float | None:

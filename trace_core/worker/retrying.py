@@ -39,7 +39,7 @@ from trace_core.worker.client import (
     HeartbeatResult,
 )
 
-__all__ = ["DEFAULT_BACKOFF", "RetryingClient"]
+__all__ = ["DEFAULT_BACKOFF", "OutageRetry", "RetryingClient"]
 
 log = logging.getLogger(__name__)
 
@@ -50,12 +50,14 @@ DEFAULT_BACKOFF = Backoff(base_seconds=0.5, factor=2.0, cap_seconds=30.0, jitter
 not hammer a recovering Dispatcher in lockstep."""
 
 
-class RetryingClient:
-    """A :class:`~trace_core.worker.client.ControlPlaneClient` that retries outages."""
+class OutageRetry:
+    """Retries a call while it raises
+    :class:`~trace_core.worker.client.ControlPlaneUnavailable` (module docstring);
+    shared by :class:`RetryingClient` and the worker's other control-plane
+    clients (:class:`~trace_core.worker.http_state.HttpOperatorState`)."""
 
     def __init__(
         self,
-        inner: ControlPlaneClient,
         *,
         backoff: Backoff = DEFAULT_BACKOFF,
         max_elapsed_seconds: float = 600.0,
@@ -64,8 +66,7 @@ class RetryingClient:
         rng: random.Random | None = None,
     ) -> None:
         if max_elapsed_seconds < 0:
-            raise ConfigurationError("RetryingClient.max_elapsed_seconds must be >= 0")
-        self.inner = inner
+            raise ConfigurationError("max_elapsed_seconds must be >= 0")
         self.backoff = backoff
         self.max_elapsed_seconds = max_elapsed_seconds
         self._sleep = sleep or anyio.sleep
@@ -74,7 +75,8 @@ class RetryingClient:
         self.retries = 0
         """Retries made so far, over all calls (for tests and metrics)."""
 
-    async def _call(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
+    async def __call__(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
+        """``call()``'s answer, retrying outages until the budget is spent."""
         started = self._monotonic()
         retry = 0
         while True:
@@ -94,23 +96,62 @@ class RetryingClient:
                 self.retries += 1
                 await self._sleep(delay)
 
+
+class RetryingClient:
+    """A :class:`~trace_core.worker.client.ControlPlaneClient` that retries outages."""
+
+    def __init__(
+        self,
+        inner: ControlPlaneClient,
+        *,
+        backoff: Backoff = DEFAULT_BACKOFF,
+        max_elapsed_seconds: float = 600.0,
+        sleep: Callable[[float], Awaitable[None]] | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.inner = inner
+        self.retry = OutageRetry(
+            backoff=backoff,
+            max_elapsed_seconds=max_elapsed_seconds,
+            sleep=sleep,
+            monotonic=monotonic,
+            rng=rng,
+        )
+        """The retry loop; pass it to the worker's other clients to share its budget rules."""
+
+    @property
+    def backoff(self) -> Backoff:
+        """The delays between retries."""
+        return self.retry.backoff
+
+    @property
+    def max_elapsed_seconds(self) -> float:
+        """How long a call is retried before its last error is raised."""
+        return self.retry.max_elapsed_seconds
+
+    @property
+    def retries(self) -> int:
+        """Retries made so far, over all calls (for tests and metrics)."""
+        return self.retry.retries
+
     async def claim(self, task_id: uuid.UUID, worker_id: str) -> ClaimResult:
         """See :meth:`ControlPlaneClient.claim`."""
-        return await self._call("claim", lambda: self.inner.claim(task_id, worker_id))
+        return await self.retry("claim", lambda: self.inner.claim(task_id, worker_id))
 
     async def fetch(self, task_id: uuid.UUID) -> dict[str, Any]:
         """See :meth:`ControlPlaneClient.fetch`."""
-        return await self._call("fetch", lambda: self.inner.fetch(task_id))
+        return await self.retry("fetch", lambda: self.inner.fetch(task_id))
 
     async def heartbeat(self, fence: Fence, capability_token: str | None = None) -> HeartbeatResult:
         """See :meth:`ControlPlaneClient.heartbeat`."""
-        return await self._call("heartbeat", lambda: self.inner.heartbeat(fence, capability_token))
+        return await self.retry("heartbeat", lambda: self.inner.heartbeat(fence, capability_token))
 
     async def emit(
         self, task_id: uuid.UUID, attempt: int, events: Sequence[DatasetEvent]
     ) -> AcceptResult:
         """See :meth:`ControlPlaneClient.emit`."""
-        return await self._call("emit", lambda: self.inner.emit(task_id, attempt, events))
+        return await self.retry("emit", lambda: self.inner.emit(task_id, attempt, events))
 
     async def complete(
         self,
@@ -119,12 +160,12 @@ class RetryingClient:
         outputs: Sequence[Mapping[str, Any]] | None,
     ) -> None:
         """See :meth:`ControlPlaneClient.complete`."""
-        await self._call("complete", lambda: self.inner.complete(fence, events, outputs))
+        await self.retry("complete", lambda: self.inner.complete(fence, events, outputs))
 
     async def fail(self, fence: Fence, error: str, retryable: bool) -> None:
         """See :meth:`ControlPlaneClient.fail`."""
-        await self._call("fail", lambda: self.inner.fail(fence, error, retryable))
+        await self.retry("fail", lambda: self.inner.fail(fence, error, retryable))
 
     async def report_canceled(self, task_id: uuid.UUID, attempt: int) -> None:
         """See :meth:`ControlPlaneClient.report_canceled`."""
-        await self._call("report_canceled", lambda: self.inner.report_canceled(task_id, attempt))
+        await self.retry("report_canceled", lambda: self.inner.report_canceled(task_id, attempt))

@@ -59,6 +59,7 @@ from trace_core.worker.client import (
     ControlPlaneRejected,
     ControlPlaneUnavailable,
 )
+from trace_core.worker.current import running
 from trace_core.worker.udf import UdfConfig, UdfOperator, run_udf
 
 __all__ = [
@@ -245,6 +246,10 @@ class WorkerWrapper:
         log.info("task %s attempt %d: capability renewed", ctx.task_id, ctx.attempt)
 
     async def _execute(self, spec: OperatorSpec, ctx: TaskContext) -> Any:
+        with running(ctx):  # the attempt's services find its token (worker.current)
+            return await self._dispatch(spec, ctx)
+
+    async def _dispatch(self, spec: OperatorSpec, ctx: TaskContext) -> Any:
         run = spec.run
         if isinstance(run, UdfOperator):
             return await run_udf(run.import_path, ctx, self.udf)

@@ -44,9 +44,9 @@ import anyio.from_thread
 from trace_core.authoring.context import OperatorError, OperatorResult, TaskContext
 from trace_core.authoring.events import DatasetEvent
 from trace_core.authoring.operators import OperatorSpec
+from trace_core.authoring.state import OperatorStateAccess, StateConflict
 from trace_core.dag.coverage import Coverage, covers
 from trace_core.dispatcher.buffer import DatasetBuffer
-from trace_core.dispatcher.operator_state import OperatorStateStore, StateConflict
 from trace_core.errors import InvalidInput
 from trace_lite.buffered import RecordSchema
 from trace_lite.object_store import LocalObjectStore, ScopedObjectStore
@@ -90,7 +90,9 @@ class PipelineRuntime:
     store: LocalObjectStore
     spark: SparkSessionProvider
     buffer: DatasetBuffer
-    state: OperatorStateStore
+    state: OperatorStateAccess
+    """The job's operator state: the Dispatcher's store in-process, the
+    control plane's ``/v1/task/state`` for a worker without database credentials."""
 
 
 @dataclass(frozen=True)
