@@ -15,6 +15,8 @@ route                               answer                               errors
 ``POST /v1/task/buffer-publish``    200 ``{ok, dataset_uuid, records}``  400, 403, 404,
                                                                          409
 ``POST /v1/task/credentials``       200 short-lived S3 credentials       400, 404, 409
+``POST /v1/task/state/read|write``  the job's operator state (routes in  400, 404, 409
+                                    :mod:`~trace_core.api.task_state`)
 ==================================  ===================================  ================
 
 Every route also answers 401 (token), 413 (body cap) and 503 (database, or
