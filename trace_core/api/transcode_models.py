@@ -80,6 +80,8 @@ class JobError(BaseModel):
     code: str
     message: str
     retryable: bool
+    http_status: int | None
+    """The upstream HTTP status that caused it, when there was one."""
 
 
 class JobStatusBody(BaseModel):
