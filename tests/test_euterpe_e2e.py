@@ -192,6 +192,7 @@ async def test_post_to_ffmpeg_to_signed_webhooks_to_status(
                 log_level="warning",
                 beside=server.services,
                 shutdown=shutdown,
+                handle_signals=False,
             )
         )
 

@@ -11,8 +11,10 @@ answer ``POST /transcode`` while nothing delivers or maintains its jobs.
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Sequence
+import signal
+from collections.abc import Iterator, Sequence
 from typing import Protocol
 
 import anyio
@@ -23,6 +25,8 @@ from fastapi import FastAPI
 from trace_core.errors import TraceError
 
 __all__ = ["BesideService", "serve_transcode"]
+
+_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 log = logging.getLogger("trace_core.api.transcode")
 
@@ -39,6 +43,17 @@ class BesideService(Protocol):
         ...
 
 
+class _EmbeddedServer(uvicorn.Server):
+    """A uvicorn server that leaves signals to its embedder: uvicorn's own
+    handling re-raises the signal once the server has stopped, which would end
+    the process before the services beside it are stopped (an in-process
+    worker could not hand its jobs back)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
 async def serve_transcode(
     app: FastAPI,
     *,
@@ -47,12 +62,14 @@ async def serve_transcode(
     log_level: str,
     beside: Sequence[BesideService] = (),
     shutdown: anyio.Event | None = None,
+    handle_signals: bool = True,
 ) -> None:
-    """Serve ``app`` on ``host:port`` with ``beside`` running, until the server
-    stops (a signal, or ``shutdown`` set: an embedder's graceful stop);
+    """Serve ``app`` on ``host:port`` with ``beside`` running, until SIGINT or
+    SIGTERM (with ``handle_signals``) or ``shutdown`` is set, then stop
+    gracefully: the server first, then the services, in reverse order.
     :class:`TraceError` if a service's task failed (the server was stopped
     because of it)."""
-    server = uvicorn.Server(
+    server = _EmbeddedServer(
         uvicorn.Config(
             app,
             host=host,
@@ -74,6 +91,15 @@ async def serve_transcode(
                     server.should_exit = True
 
                 group.start_soon(stop_when_told)
+            if handle_signals:
+
+                async def stop_on_signal() -> None:
+                    with anyio.open_signal_receiver(*_SIGNALS) as signals:
+                        async for signum in signals:
+                            log.info("%s: stopping", signal.Signals(signum).name)
+                            server.should_exit = True
+
+                group.start_soon(stop_on_signal)
             try:
                 # A service whose task raised cancels this (its task group's host).
                 await server.serve()
@@ -81,7 +107,7 @@ async def serve_transcode(
                 with anyio.CancelScope(shield=True):
                     for service in reversed(beside):
                         await service.stop()
-                group.cancel_scope.cancel()  # the shutdown watcher, if any
+                group.cancel_scope.cancel()  # the shutdown and signal watchers
     except* Exception as failed:
         error = failed.exceptions[0]
         log.critical("a Euterpe service failed; the server stopped", exc_info=error)
