@@ -14,6 +14,10 @@
 ``euterpe credentials --read PREFIX --write PREFIX``
     mints scoped credentials for the local object store (the lite stand-in
     for the STS credentials a requester would put in its request).
+``euterpe listen --requester R``
+    a development webhook endpoint: verifies each delivery with the receiver
+    helper (the requester's secret, derived here from the data directory's
+    master) and prints each new event as one JSON line.
 ``euterpe rewrap --kek-id NEW --accept-kek OLD``
     KEK rotation: re-seals every stored credential under the active KEK and
     says whether anything remains under the old ids.
@@ -33,7 +37,7 @@ import sys
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
@@ -400,6 +404,66 @@ def _credentials_runner(args: argparse.Namespace, db: StateDatabase) -> int:
     return anyio.run(_credentials, args, db)
 
 
+def _listen_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--requester", required=True, help="whose webhooks to verify")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    parser.add_argument("--port", type=port, default=9000, help="port to bind (default 9000)")
+
+
+def _listen(args: argparse.Namespace, db: StateDatabase) -> int:
+    import uvicorn
+
+    from trace_core.euterpe.api_keys import check_requester_id
+    from trace_core.euterpe.receiver import WebhookReceiver
+    from trace_core.security.webhook_signing import WebhookRejected
+    from trace_core.storage.sql import SqlRepository
+    from trace_lite.euterpe_runtime import load_webhook_signer
+
+    try:
+        check_requester_id(args.requester, "--requester")
+    except Exception as exc:
+        raise ConfigurationError(str(exc)) from None
+    secrets = load_webhook_signer(Path(db.data_dir)).requester_secrets(args.requester)
+    url = db.url()
+
+    async def main() -> None:
+        repo = SqlRepository(url)
+        receiver = WebhookReceiver(repo, secrets)
+
+        async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+            if scope["type"] != "http":
+                return
+            body = b""
+            while True:
+                message = await receive()
+                body += message.get("body", b"")
+                if not message.get("more_body"):
+                    break
+            headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+            status = 204
+            try:
+                accepted = await receiver.verify_and_record(headers, body)
+            except WebhookRejected as exc:
+                status = exc.http_status
+                print(json.dumps({"refused": exc.as_json()}), file=sys.stderr, flush=True)
+            else:
+                if not accepted.duplicate:
+                    print(json.dumps(accepted.event, sort_keys=True), flush=True)
+            await send({"type": "http.response.start", "status": status, "headers": []})
+            await send({"type": "http.response.body", "body": b""})
+
+        server = uvicorn.Server(
+            uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", lifespan="off")
+        )
+        try:
+            await server.serve()
+        finally:
+            await repo.close()
+
+    anyio.run(main)
+    return 0
+
+
 def _rewrap_arguments(parser: argparse.ArgumentParser) -> None:
     _kek_options(parser)
     parser.add_argument(
@@ -488,6 +552,17 @@ EUTERPE_COMMANDS: tuple[Command, ...] = (
         Use.NONE,
         _credentials_runner,
         _credentials_arguments,
+    ),
+    Command(
+        ("euterpe", "listen"),
+        "a development webhook endpoint printing each verified event",
+        Use.START,
+        _listen,
+        _listen_arguments,
+        description="Verifies deliveries like a requester would (the receiver helper: "
+        "signature, timestamp window, nonce replay, event-id dedupe, recorded in the state "
+        "database) and prints each new event as a JSON line. Answers 204, or the refusal's "
+        "status.",
     ),
     Command(
         ("euterpe", "rewrap"),
