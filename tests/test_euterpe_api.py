@@ -7,22 +7,27 @@ both engines, through the real app and the real job lifecycle."""
 from __future__ import annotations
 
 import copy
+import json
 import os
+import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+import anyio
 import httpx
 import pytest
 import sqlalchemy as sa
 
+from tests.factories import wait_until
 from trace_core.api.transcode import (
     REPLAYED_HEADER,
     TranscodeApi,
     create_transcode_app,
 )
+from trace_core.api.transcode_models import JobStatusBody, TranscodeAccepted
 from trace_core.clock import ManualClock
 from trace_core.euterpe.api_keys import ApiKeys
 from trace_core.euterpe.credentials import CredentialVault, open_job_credentials
@@ -31,8 +36,10 @@ from trace_core.euterpe.intake import Intake, enqueue_scope
 from trace_core.euterpe.job_maintenance import InboxMaintenance
 from trace_core.euterpe.jobs import InboxJobs, JobsConfig
 from trace_core.euterpe.pruner import EuterpeMaintenance, MaintenanceConfig
+from trace_core.euterpe.receiver import WebhookReceiver
 from trace_core.euterpe.requests import UrlPolicy, parse_transcode_request, request_hash
 from trace_core.idempotency import IdempotencyStore
+from trace_core.security.webhook_signing import MasterSecret, WebhookSigner
 from trace_core.storage import schema
 from trace_core.storage.sql import SqlRepository
 from trace_lite.envelope import LocalKeyEncryption
@@ -479,3 +486,72 @@ async def test_the_openapi_document_declares_every_answer(world: World) -> None:
     header = [p for p in paths["/transcode"]["post"]["parameters"] if p["in"] == "header"]
     assert [p["name"] for p in header] == ["Idempotency-Key"]
     assert document["components"]["securitySchemes"]["euterpeApiKey"]["scheme"] == "bearer"
+
+
+async def test_concurrent_identical_posts_make_one_job(world: World) -> None:
+    answers: list[httpx.Response] = []
+
+    async def post() -> None:
+        answers.append(await world.post(key="same"))
+
+    async with anyio.create_task_group() as group:
+        for _ in range(10):
+            group.start_soon(post)
+    accepted = [a for a in answers if a.status_code == 202]
+    in_flight = [a for a in answers if a.status_code == 409]
+    assert len(accepted) + len(in_flight) == 10 and accepted
+    assert {a.json()["job_id"] for a in accepted} == {accepted[0].json()["job_id"]}
+    assert all(a.json()["error"] == "idempotency_in_flight" for a in in_flight)
+    assert await world.rows(schema.inbox_jobs) == 1
+
+
+async def test_answers_match_their_documented_models(world: World) -> None:
+    posted = await world.post()
+    TranscodeAccepted.model_validate(posted.json())
+    job_id = uuid.UUID(posted.json()["job_id"])
+    JobStatusBody.model_validate((await world.status(job_id)).json())
+    other = uuid.UUID((await world.post(key="k-2")).json()["job_id"])
+    await drive_to(world, job_id, "succeeded")
+    await drive_to(world, other, "dead_letter")
+    for job in (job_id, other):
+        document = JobStatusBody.model_validate((await world.status(job)).json())
+        assert (document.outputs is None) == (job == other)
+        assert (document.error is None) == (job == job_id)
+
+
+async def test_the_maintenance_loop_runs_until_stopped(world: World) -> None:
+    job_id = uuid.UUID((await world.post()).json()["job_id"])
+    assert (await world.jobs.claim(job_id, "dead-worker")).lease is not None
+    world.clock.advance(31)
+    service = EuterpeMaintenance(
+        InboxMaintenance(world.jobs), config=MaintenanceConfig(interval_seconds=0.05)
+    )
+
+    async def reclaimed() -> bool:
+        return (await world.status(job_id)).json()["status"] == "failed"
+
+    async with anyio.create_task_group() as group:
+        await service.start(group)
+        await wait_until(
+            "the loop to reclaim the expired lease",
+            reclaimed,
+            time.monotonic() + 20,
+            describe=lambda: "still leased",
+        )
+        assert service.health.running
+        await service.stop()
+    assert not service.health.running
+
+
+async def test_maintenance_prunes_the_receivers_expired_records(world: World) -> None:
+    signer = WebhookSigner([MasterSecret("1", b"m" * 32)])
+    receiver = WebhookReceiver(world.repo, signer.requester_secrets("acme"), clock=world.clock)
+    event_id = uuid.uuid4()
+    raw = json.dumps({"event_id": str(event_id)}).encode()
+    headers = signer.headers("acme", event_id, raw, timestamp=int(world.clock.now().timestamp()))
+    assert not (await receiver.verify_and_record(headers, raw)).duplicate
+    service = EuterpeMaintenance(InboxMaintenance(world.jobs), receiver=receiver)
+    assert (await service.run_once(prune=True)).nonces_pruned == 0
+    world.clock.advance(timedelta(days=31).total_seconds())
+    done = await service.run_once(prune=True)
+    assert (done.nonces_pruned, done.events_pruned) == (1, 1)

@@ -6,7 +6,12 @@ says succeeded. The server is what ``trace-lite euterpe serve --workers 1``
 runs (:func:`trace_lite.euterpe_runtime.build_server`, served by
 :func:`trace_core.api.transcode_serving.serve_transcode`).
 
-The same run captures every log record (DEBUG, every logger) and every HTTP
+A second run goes through the credential refresh of §7 with the API: the
+store refuses the job's credentials, the worker's signed call reaches the
+requester's ``refresh_url``, which verifies it with its webhook secret and
+answers with ``PUT /transcode/{job_id}/credentials``; the job then succeeds.
+
+The first run captures every log record (DEBUG, every logger) and every HTTP
 answer and webhook body, and finds no plaintext credential in any of them.
 """
 
@@ -31,11 +36,12 @@ from tests.test_e2e_http import _free_port
 from trace_core.api.transcode_serving import serve_transcode
 from trace_core.clock import SystemClock
 from trace_core.euterpe.api_keys import ApiKeys
+from trace_core.euterpe.copy_processor import CopyProcessor
 from trace_core.euterpe.receiver import WebhookReceiver
 from trace_core.euterpe.requests import UrlPolicy
 from trace_core.security.minting import LocalCredentialMinter
 from trace_core.security.scopes import S3Prefix, Scope
-from trace_core.security.webhook_signing import WebhookRejected
+from trace_core.security.webhook_signing import WebhookRejected, WebhookVerifier
 from trace_core.storage.sql import SqlRepository
 from trace_lite.euterpe_ffmpeg import FfmpegProcessor
 from trace_lite.euterpe_runtime import (
@@ -264,3 +270,113 @@ async def test_post_to_ffmpeg_to_signed_webhooks_to_status(
         for text in seen:
             assert value not in text
     assert len(caplog.records) > 0  # the capture did see the run
+
+
+class RefreshEndpoint:
+    """The requester's ``refresh_url``: verifies the worker's signed call with
+    the requester's webhook secret, mints credentials that do reach the
+    source, and answers by ``PUT /transcode/{job_id}/credentials`` through
+    the API (``api``), as a requester would."""
+
+    def __init__(self, verifier: WebhookVerifier, api: httpx.AsyncClient, mint: Any) -> None:
+        self.verifier, self.api, self.mint = verifier, api, mint
+        self.calls: list[dict[str, Any]] = []
+        self.puts: list[httpx.Response] = []
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        headers = {k.decode(): v.decode() for k, v in scope["headers"]}
+        status = 204
+        try:
+            self.verifier.verify(headers, body)
+        except WebhookRejected:
+            status = 401
+        else:
+            call = json.loads(body)
+            self.calls.append(call)
+            put = await self.api.put(
+                f"/transcode/{call['job_id']}/credentials",
+                json={
+                    "credential_version": call["credential_version"],
+                    "storage_credentials": await self.mint(),
+                },
+            )
+            self.puts.append(put)
+        await send({"type": "http.response.start", "status": status, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+
+async def test_a_refused_credential_is_refreshed_through_the_api(
+    repo: SqlRepository, database_url: str, tmp_path: Path, receiver_server: Any
+) -> None:
+    data_dir = tmp_path / "data"
+    options = EuterpeOptions(
+        database_url=database_url,
+        data_dir=data_dir,
+        url_policy=UrlPolicy(allow_loopback=True),
+        workers=1,
+    )
+    vault, signer = options.vault(), load_webhook_signer(data_dir)
+    storage = object_storage(data_dir)
+    server = build_server(
+        options, repo, vault=vault, signer=signer, storage=storage, processor=CopyProcessor()
+    )
+    issued = await ApiKeys(repo).issue("acme")
+    minter = LocalCredentialMinter(read_minter_key(data_dir), clock=SystemClock())
+
+    async def mint(read: str) -> dict[str, Any]:
+        minted = await minter.mint(
+            Scope(read=(S3Prefix.parse(read),), write=(S3Prefix.parse("s3://media/out/"),)),
+            session_name="job",
+            duration_seconds=3600,
+        )
+        return {
+            "access_key_id": minted.access_key_id,
+            "secret_access_key": minted.secret_access_key,
+            "session_token": minted.session_token,
+            "expiration": minted.expiration.isoformat(),
+        }
+
+    source = data_dir / "objects" / "media" / "in" / "clip.bin"
+    source.parent.mkdir(parents=True)
+    source.write_bytes(b"a source" * 64)
+    auth = {"Authorization": f"Bearer {issued.secret}"}
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=server.app), base_url="http://euterpe", headers=auth
+    ) as api:
+        secret = bytes.fromhex(signer.requester_secret_hex("acme"))
+        endpoint = RefreshEndpoint(WebhookVerifier([secret]), api, lambda: mint("s3://media/in/"))
+        refresh_url = await receiver_server(endpoint) + "/refresh"
+        posted = await api.post(
+            "/transcode",
+            headers={"Idempotency-Key": "refresh-1"},
+            json={
+                "source": "s3://media/in/clip.bin",
+                "output_prefix": "s3://media/out/clip/",
+                "presets": ["mp4-h264-360p"],
+                "refresh_url": refresh_url,
+                # Scoped to another prefix: the store refuses the source (403).
+                "storage_credentials": await mint("s3://media/elsewhere/"),
+            },
+        )
+        assert posted.status_code == 202, posted.text
+        job_id = posted.json()["job_id"]
+
+        [outcome] = await server.workers[0].run_once()
+        status = (await api.get("/transcode/status", params={"job_id": job_id})).json()
+
+    assert outcome.result == "succeeded", outcome
+    assert endpoint.calls == [{"credential_version": 0, "job_id": job_id}]
+    assert [p.status_code for p in endpoint.puts] == [200]
+    assert endpoint.puts[0].json()["credential_version"] == 1
+    assert status["status"] == "succeeded"
+    # One refresh, one execution attempt: the refresh spent no attempt (§5).
+    assert (status["credential_refresh_count"], status["attempt_count"]) == (1, 1)
+    out = data_dir / "objects" / "media" / "out" / "clip" / "mp4-h264-360p.mp4"
+    assert out.read_bytes() == source.read_bytes()
+    await server.deliverer.aclose()
