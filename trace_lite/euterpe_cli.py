@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from trace_core.errors import ConfigurationError
+from trace_core.errors import ConfigurationError, InvalidInput
 from trace_core.euterpe.requests import UrlPolicy
 from trace_lite.cli_commands import Command, in_event_loop, port, positive_int
 from trace_lite.state_database import StateDatabase, Use
@@ -327,7 +327,7 @@ async def _key_create(args: argparse.Namespace, db: StateDatabase) -> int:
 
     try:
         check_requester_id(args.requester, "--requester")
-    except Exception as exc:
+    except InvalidInput as exc:
         raise ConfigurationError(str(exc)) from None
     signer = load_webhook_signer(Path(db.data_dir))
     repo = SqlRepository(db.url())
@@ -370,7 +370,6 @@ def _credentials_arguments(parser: argparse.ArgumentParser) -> None:
 
 async def _credentials(args: argparse.Namespace, db: StateDatabase) -> int:
     from trace_core.clock import SystemClock
-    from trace_core.errors import InvalidInput
     from trace_core.security.minting import LocalCredentialMinter
     from trace_core.security.scopes import S3Prefix, Scope
     from trace_lite.serve import read_minter_key
@@ -421,7 +420,7 @@ def _listen(args: argparse.Namespace, db: StateDatabase) -> int:
 
     try:
         check_requester_id(args.requester, "--requester")
-    except Exception as exc:
+    except InvalidInput as exc:
         raise ConfigurationError(str(exc)) from None
     secrets = load_webhook_signer(Path(db.data_dir)).requester_secrets(args.requester)
     url = db.url()

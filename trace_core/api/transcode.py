@@ -164,13 +164,7 @@ _NOT_FOUND = answer_doc("Unknown job, or another requester's (its existence is n
 def _body_doc(model: type[Any], description: str) -> dict[str, Any]:
     """An OpenAPI ``requestBody`` referencing ``model``'s component schema (the
     routes read the raw body themselves, so no value is ever echoed)."""
-    return {
-        "requestBody": {
-            "required": True,
-            "description": description,
-            **answer_doc(description, model),
-        }
-    }
+    return {"requestBody": {"required": True, **answer_doc(description, model)}}
 
 
 def transcode_router(api: TranscodeApi) -> APIRouter:
