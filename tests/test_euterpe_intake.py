@@ -15,7 +15,6 @@ import anyio
 import pytest
 import sqlalchemy as sa
 
-from tests.factories import RowJobEnqueuer
 from trace_core.clock import ManualClock
 from trace_core.errors import IdempotencyConflict, IdempotencyInFlight, InvalidInput
 from trace_core.euterpe.api_keys import ApiKeyRefused, ApiKeys, key_digest
@@ -25,6 +24,7 @@ from trace_core.euterpe.credentials import (
     open_job_credentials,
 )
 from trace_core.euterpe.intake import EnqueueResult, Intake, enqueue_scope
+from trace_core.euterpe.jobs import InboxJobs
 from trace_core.euterpe.requests import UrlPolicy, parse_transcode_request, request_hash
 from trace_core.idempotency import IdempotencyStore
 from trace_core.storage import schema
@@ -85,7 +85,7 @@ def intake(
         repo,
         keys=keys,
         vault=vault,
-        enqueuer=RowJobEnqueuer(clock),
+        enqueuer=InboxJobs(repo, clock=clock),
         idempotency=IdempotencyStore(repo, clock=clock),
         url_policy=UrlPolicy(),
         clock=clock,

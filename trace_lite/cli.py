@@ -44,6 +44,7 @@ from trace_core.storage.url import parse_database_url
 from trace_core.tasks import TaskQueue
 from trace_lite.cli_commands import Command, build_parser, in_event_loop, port, positive_int
 from trace_lite.demo import DemoConfig, run_demo
+from trace_lite.euterpe_cli import EUTERPE_COMMANDS, EUTERPE_GROUPS
 from trace_lite.ops_commands import OPS_COMMANDS
 from trace_lite.state_database import StateDatabase, Use
 from trace_lite.status_commands import STATUS_COMMANDS
@@ -311,7 +312,11 @@ def _run(args: argparse.Namespace, db: StateDatabase) -> int:
 
 # --- the table ----------------------------------------------------------------------
 
-_GROUPS = {"db": "database schema", "dag": "validate, deploy and roll back DAG files"}
+_GROUPS = {
+    "db": "database schema",
+    "dag": "validate, deploy and roll back DAG files",
+    **EUTERPE_GROUPS,
+}
 
 COMMANDS: tuple[Command, ...] = (
     Command(
@@ -389,6 +394,7 @@ COMMANDS: tuple[Command, ...] = (
         _demo_arguments,
         description="The ownership protocol alone, printed as it happens. " + _START_RULE,
     ),
+    *EUTERPE_COMMANDS,
 )
 """Every ``trace-lite`` subcommand, in ``--help`` order."""
 

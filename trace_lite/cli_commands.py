@@ -116,24 +116,26 @@ def build_parser(
 ) -> argparse.ArgumentParser:
     """The argparse tree of ``commands``; each leaf's ``command`` default is its entry.
 
-    ``groups`` gives the help of each first word shared by several commands
-    (``db``, ``dag``).
+    ``groups`` gives the help of each group of commands, by its words
+    (``db``, ``dag``, ``euterpe key``).
     """
     parser = argparse.ArgumentParser(
         prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     top = parser.add_subparsers(dest="words", required=True, metavar="COMMAND")
     state, data = _state_options(), _data_options()
-    nested: dict[str, argparse._SubParsersAction[argparse.ArgumentParser]] = {}
+    nested: dict[tuple[str, ...], argparse._SubParsersAction[argparse.ArgumentParser]] = {}
     for command in commands:
         where = top
         for depth, word in enumerate(command.words[:-1]):
-            if word not in nested:
-                group = top.add_parser(word, help=groups[word])
-                nested[word] = group.add_subparsers(
+            path = command.words[: depth + 1]
+            if path not in nested:
+                # A group's help is keyed by its words (``euterpe key``), or its one word.
+                group = where.add_parser(word, help=groups.get(" ".join(path)) or groups[word])
+                nested[path] = group.add_subparsers(
                     dest=f"words_{depth + 1}", required=True, metavar="COMMAND"
                 )
-            where = nested[word]
+            where = nested[path]
         parents = [state] if command.database is not Use.NONE else []
         if command.data_database:
             parents.append(data)
