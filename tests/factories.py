@@ -349,38 +349,6 @@ async def insert_inbox_job(
     )
 
 
-class RowJobEnqueuer:
-    """A ``JobEnqueuer`` (trace_core.euterpe.intake) that inserts the row with
-    :func:`insert_inbox_job`; the lead plugs the inbox area's real one."""
-
-    def __init__(self, clock: ManualClock) -> None:
-        self.clock = clock
-
-    async def enqueue(
-        self,
-        tx: Any,
-        *,
-        job_id: uuid.UUID,
-        requester_id: str,
-        request: dict[str, Any],
-        status_webhook_url: str | None,
-        refresh_url: str | None,
-        sealed: Any,
-        max_attempts: int,
-    ) -> None:
-        await insert_inbox_job(
-            tx,
-            job_id=job_id,
-            requester_id=requester_id,
-            now=self.clock.now(),
-            request=request,
-            status_webhook_url=status_webhook_url,
-            refresh_url=refresh_url,
-            sealed=sealed,
-            max_attempts=max_attempts,
-        )
-
-
 # --- Euterpe webhook events ------------------------------------------------------
 
 
