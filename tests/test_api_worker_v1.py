@@ -296,7 +296,11 @@ async def test_reports_of_a_stale_attempt_are_409_and_change_nothing(api: Api) -
         ("/internal/worker/fail", _report(first, error={"message": "late", "retryable": False})),
         (
             "/internal/worker/heartbeat",
-            {"worker_id": "v1-worker", "job_id": first["job_id"], "lease_token": first["lease_token"]},
+            {
+                "worker_id": "v1-worker",
+                "job_id": first["job_id"],
+                "lease_token": first["lease_token"],
+            },
         ),
     ]
     for path, body in stale_reports:
