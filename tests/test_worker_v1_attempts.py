@@ -375,3 +375,24 @@ async def test_trace_lite_tasks_shows_attempts_with_results_and_errors(
     assert "Completed" in two and '{"timings":{"run_s":2}}' in two
     assert await anyio.to_thread.run_sync(main, argv[:-1]) == 0
     assert "attempts of" not in capsys.readouterr().out
+
+
+async def test_the_task_contract_routes_open_and_close_records_too(api: Api) -> None:
+    """``/internal/task-claim`` and ``/internal/task-complete`` (interface-contracts.md)
+    reach the same claim and finishing writes: their attempts are recorded alike."""
+    task_id = await api.trigger("k")
+    claimed = await api.claim(task_id, "http-worker")
+    fence = {"task_id": str(task_id), "attempt": 1, "lease_token": claimed["lease_token"]}
+    response = await api.client.post(
+        "/internal/task-complete",
+        json={**fence, "status": "Failed", "error_message": "disk full"},
+    )
+    assert response.status_code == 200, response.text
+    (failed,) = (await task_view(api, task_id))["attempts"]
+    assert (failed["worker_id"], failed["status"]) == ("http-worker", "Failed")
+    assert failed["error"] == {
+        "code": "error",
+        "message": "disk full",
+        "stack": None,
+        "retryable": True,
+    }

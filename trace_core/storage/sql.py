@@ -294,7 +294,7 @@ class SqlTransaction:
         stmt: sa.Executable = self._stmts.claim(queue, item_id is not None, gate)
         # A claimed task starts an execution attempt: its job_attempts row is
         # opened with the claim (see sql_attempts for how, per engine).
-        records = queue == TASKS
+        records = queue.name == TASKS.name
         opens_in_claim = records and self.engine_name == "postgres"
         if opens_in_claim:
             assert isinstance(stmt, sa.Update)
@@ -382,7 +382,7 @@ class SqlTransaction:
                 new[column] = value
         stmt = sa.update(qt.table).where(*self._stmts.fence(qt), status).values(new)
         params = self._stmts.fence_params(fence)
-        if queue != TASKS or target in queue.leased:
+        if queue.name != TASKS.name or target in queue.leased:
             with translate_errors(f"{queue.name} -> {target}"):
                 result = await self._execute(stmt, params)
             return bool(result.rowcount)
@@ -415,7 +415,7 @@ class SqlTransaction:
             return set()
         stmt: sa.Executable = self._stmts.complete_many(queue, frozenset(sources))
         params, ids = self._stmts.fence_batch(fences)
-        records = queue == TASKS
+        records = queue.name == TASKS.name
         if records and self.engine_name == "postgres":
             assert isinstance(stmt, sa.Update)
             stmt = _completing_many(stmt)
@@ -489,7 +489,7 @@ class SqlTransaction:
         if row is None:
             return None
         status, retried, claim_version = row[0], bool(row[1]), row[2]
-        if queue == TASKS:
+        if queue.name == TASKS.name:
             # Every caller fails in a transaction (LeaseQueue): the attempt's
             # record closes in it, with a structured error the reporter may
             # refine in the same transaction (tx.attempts.set_error_if_ended).
@@ -564,7 +564,7 @@ class SqlTransaction:
         stmt = sa.update(qt.table).where(*where).values(values).returning(c.id)
         with translate_errors(f"{queue.name} -> {target}"):
             moved: set[ItemId] = set((await self._execute(stmt)).scalars().all())
-        if queue == TASKS and moved:
+        if queue.name == TASKS.name and moved:
             # Administrative moves run in a transaction (LeaseQueue): the
             # running attempts of the moved tasks end with them.
             ended = "Canceled" if target == "Canceled" else "Failed"
