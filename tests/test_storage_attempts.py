@@ -154,6 +154,20 @@ async def test_the_reaper_closes_an_expired_attempt(
     assert row.error["retryable"] is True
 
 
+async def test_the_reaper_dead_letters_an_exhausted_attempt_with_its_record_closed(
+    repo: SqlRepository, clock: ManualClock
+) -> None:
+    tq = queue(repo, clock)
+    (task_id,) = await make_items(repo, TASKS, clock.now(), max_attempts=1)
+    assert (await tq.claim(task_id, "w")).lease is not None
+    clock.advance(31)
+    report = await tq.reclaim_expired()
+    assert report.dead_lettered == [task_id]
+    (row,) = await attempts(repo, task_id)
+    assert (row.status, row.ended_at) == ("Expired", clock.now())
+    assert row.error is not None and row.error["code"] == "lease_expired"
+
+
 async def test_cancellation_closes_the_running_attempt_only(
     repo: SqlRepository, clock: ManualClock
 ) -> None:

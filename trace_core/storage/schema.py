@@ -615,11 +615,11 @@ job_journal = sa.Table(
     sa.Index("idx_job_journal_job_at", "job_id", "at"),
 )
 
-ATTEMPT_STATUSES = ("Running", "Completed", "Failed", "Expired", "TimedOut", "Canceled", "Released")
+ATTEMPT_STATUSES = ("Running", "Completed", "Failed", "Expired", "TimedOut", "Canceled")
 """How a task's execution attempt ended (``Running`` while it has not):
 ``Failed`` the holder reported a failure, ``Expired`` its lease ran out
-(the reaper), ``TimedOut`` it ran past the job's timeout, ``Released`` it
-handed the task back, ``Canceled`` the task was canceled under it."""
+(the reaper), ``TimedOut`` it ran past the job's timeout, ``Canceled`` the
+task was canceled under it."""
 
 # worker-control-plane-v1.md "JobAttempt": one row per execution attempt of a
 # task, opened by the claim and closed with the attempt's final state, in the

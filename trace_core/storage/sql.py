@@ -819,7 +819,7 @@ class SqlTransaction:
             return int((await self._execute(stmt)).rowcount)
 
 
-_ATTEMPT_END = {TASKS.done: "Completed", TASKS.ready: "Released", "Canceled": "Canceled"}
+_ATTEMPT_END = {TASKS.done: "Completed", "Canceled": "Canceled"}
 """An attempt's final status by the task status a fenced transition moves it to."""
 
 

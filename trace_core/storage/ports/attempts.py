@@ -26,8 +26,8 @@ class AttemptRecord:
     """One execution attempt of a task.
 
     ``status`` is ``Running`` until the attempt ends, then one of
-    ``Completed``, ``Failed``, ``Expired``, ``TimedOut``, ``Canceled`` or
-    ``Released`` (:data:`~trace_core.storage.schema.ATTEMPT_STATUSES`).
+    ``Completed``, ``Failed``, ``Expired``, ``TimedOut`` or ``Canceled``
+    (:data:`~trace_core.storage.schema.ATTEMPT_STATUSES`).
     ``error`` is ``{code, message, stack, retryable}`` for an attempt that
     failed, expired or timed out.
     """

@@ -50,8 +50,7 @@ def upgrade() -> None:
         sa.Column("result", _json(), nullable=True),
         sa.Column("error", _json(), nullable=True),
         sa.CheckConstraint(
-            "status IN ('Running', 'Completed', 'Failed', 'Expired', 'TimedOut', 'Canceled', "
-            "'Released')",
+            "status IN ('Running', 'Completed', 'Failed', 'Expired', 'TimedOut', 'Canceled')",
             name=op.f("ck_job_attempts_status"),
         ),
         sa.CheckConstraint("attempt >= 1", name=op.f("ck_job_attempts_attempt")),
