@@ -160,6 +160,28 @@ async def test_retryable_false_dead_letters_and_keeps_the_error(api: Api) -> Non
     assert (await task_view(api, task_id))["attempts"][0]["error"]["message"] == "bad input"
 
 
+async def test_an_exhausted_retry_budget_answers_dlq(api: Api) -> None:
+    task_id = await api.trigger("k")
+    answers = []
+    for attempt in (1, 2, 3):  # the job's max_attempts is 3
+        claimed = await claim(api)
+        assert claimed["attempt_id"] == attempt
+        error = {"code": "E_FLAKY", "message": f"try {attempt}", "retryable": True}
+        failed = await post(api, "fail", report(claimed, error=error))
+        assert failed.status_code == 200, failed.text
+        answers.append((failed.json()["requeued"], failed.json()["dlq"]))
+        api.clock.advance(3600)
+        await api.dispatcher.retries.run_once()
+    assert answers == [(True, False), (True, False), (False, True)]
+    view = await task_view(api, task_id)
+    assert view["status"] == "Failed" and view["retry_at"] is None
+    assert [(a["attempt"], a["status"], a["error"]["message"]) for a in view["attempts"]] == [
+        (1, "Failed", "try 1"),
+        (2, "Failed", "try 2"),
+        (3, "Failed", "try 3"),
+    ]
+
+
 async def test_the_reaper_closes_an_abandoned_attempt_and_the_next_claim_opens_one(
     api: Api,
 ) -> None:
@@ -236,6 +258,24 @@ async def test_repeats_are_idempotent_and_keep_the_first_result(api: Api) -> Non
     assert again.json() == {"ok": True, "ack": True, "duplicate": True}
     assert await task_view(api, task_id) == after
     assert after["attempts"][0]["result"] == {"timings": {"s": 1}}
+
+
+async def test_concurrent_repeats_record_one_outcome_and_its_result(api: Api) -> None:
+    task_id = await api.trigger("k")
+    claimed = await claim(api)
+    answers: dict[int, Any] = {}
+
+    async def complete(n: int) -> None:
+        answers[n] = await post(api, "complete", report(claimed, result={"n": n}))
+
+    async with anyio.create_task_group() as group:
+        for n in range(4):
+            group.start_soon(complete, n)
+    assert all(a.status_code == 200 for a in answers.values())
+    winners = [n for n, a in answers.items() if a.json()["duplicate"] is False]
+    assert len(winners) == 1
+    (attempt,) = (await task_view(api, task_id))["attempts"]
+    assert attempt["status"] == "Completed" and attempt["result"] == {"n": winners[0]}
 
 
 async def test_a_finished_attempts_token_changes_nothing(api: Api) -> None:
