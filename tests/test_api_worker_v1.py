@@ -296,7 +296,11 @@ async def test_reports_of_a_stale_attempt_are_409_and_change_nothing(api: Api) -
         ("/internal/worker/fail", _report(first, error={"message": "late", "retryable": False})),
         (
             "/internal/worker/heartbeat",
-            {"worker_id": "w", "job_id": first["job_id"], "lease_token": first["lease_token"]},
+            {
+                "worker_id": "v1-worker",
+                "job_id": first["job_id"],
+                "lease_token": first["lease_token"],
+            },
         ),
     ]
     for path, body in stale_reports:
@@ -342,7 +346,7 @@ async def test_fail_requeues_or_dead_letters_idempotently(api: Api) -> None:
     assert (await api.task(task_id))["status"] == "Queued"
 
     fatal_id = await api.trigger("fatal")
-    fatal = await api.claim(fatal_id)
+    fatal = await api.claim(fatal_id, "v1-worker")
     report = {
         "worker_id": "v1-worker",
         "job_id": str(fatal_id),

@@ -172,6 +172,8 @@ class Lease:
     max_attempts: int
     data: Mapping[str, Any] = field(default_factory=dict)
     """Queue-specific columns of the claimed row (e.g. outbox kind and payload)."""
+    attempt_id: uuid.UUID | None = None
+    """The execution attempt's record (``job_attempts``), on queues that keep one (tasks)."""
 
     @property
     def fence(self) -> Fence:

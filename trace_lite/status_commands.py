@@ -9,11 +9,15 @@ the data database). They create no database (see
 from __future__ import annotations
 
 import argparse
+import json
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import anyio
 
 from trace_core.dag.coverage import Coverage
+from trace_core.storage.ports import AttemptRecord
 from trace_core.storage.sql import SqlRepository
 from trace_core.storage.url import parse_database_url
 from trace_lite.buffered import DataDatabase
@@ -38,6 +42,11 @@ def _tasks_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--state", choices=_STATES, help="only tasks in this state")
     parser.add_argument(
         "--limit", type=positive_int("--limit"), default=50, help="at most this many (50)"
+    )
+    parser.add_argument(
+        "--attempts",
+        action="store_true",
+        help="also each task's execution attempts, with their results and errors",
     )
 
 
@@ -171,6 +180,7 @@ async def _tasks(repo: SqlRepository, args: argparse.Namespace) -> list[str]:
             job_name=args.job or None,
             status=args.state or None,
         )
+        attempts = await tx.attempts.of_tasks([r.task_id for r in found]) if args.attempts else {}
     rows = [
         (
             str(r.task_id),
@@ -183,4 +193,43 @@ async def _tasks(repo: SqlRepository, args: argparse.Namespace) -> list[str]:
         )
         for r in found
     ]
-    return render_table(("task", "job", "partition", "state", "attempt", "queued", "error"), rows)
+    lines = render_table(("task", "job", "partition", "state", "attempt", "queued", "error"), rows)
+    for r in found:
+        if r.task_id in attempts:
+            lines += ["", f"attempts of {r.task_id}:"]
+            lines += ["  " + line for line in _attempt_lines(attempts[r.task_id])]
+    return lines
+
+
+_SHOWN = 80  # characters of a result or an error shown per attempt
+
+
+def _attempt_lines(records: list[AttemptRecord]) -> list[str]:
+    """One row per attempt: who ran it, how it ended, its result or error."""
+    rows = [
+        (
+            a.attempt,
+            str(a.attempt_id),
+            a.worker_id,
+            a.status,
+            a.started_at.strftime("%Y-%m-%d %H:%M:%S"),
+            a.ended_at.strftime("%Y-%m-%d %H:%M:%S") if a.ended_at else "-",
+            f"{a.stream} {a.message_id}" if a.stream else "-",
+            _outcome(a.result, a.error),
+        )
+        for a in records
+    ]
+    header = ("#", "attempt id", "worker", "state", "started", "ended", "message", "outcome")
+    return render_table(header, rows)
+
+
+def _outcome(result: Mapping[str, Any] | None, error: Mapping[str, Any] | None) -> str:
+    """``error CODE: message`` (first line), else the result as compact JSON."""
+    if error is not None:
+        message = str(error.get("message") or "").splitlines()
+        text = f"error {error.get('code', 'error')}: {message[0] if message else ''}"
+    elif result is not None:
+        text = json.dumps(result, sort_keys=True, separators=(",", ":"))
+    else:
+        return "-"
+    return text if len(text) <= _SHOWN else text[: _SHOWN - 3] + "..."

@@ -37,6 +37,7 @@ from trace_core.api.limits import BodyLimit
 from trace_core.api.ops import health_router, ops_router
 from trace_core.api.query import QueryService, query_router
 from trace_core.api.streams import StreamClaimer
+from trace_core.api.task_attempts import attempts_router
 from trace_core.api.task_scoped import task_router
 from trace_core.api.task_state import task_state_router
 from trace_core.api.worker_v1 import worker_router
@@ -146,6 +147,7 @@ def create_app(
     app.include_router(internal_router(dispatcher, jwks=jwks))
     app.include_router(worker_router(dispatcher, claimer, max_wait_ms=cfg.max_wait_ms))
     app.include_router(ops_router(dispatcher))
+    app.include_router(attempts_router(dispatcher))
     app.include_router(
         health_router(
             dispatcher,

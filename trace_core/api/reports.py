@@ -9,6 +9,15 @@ this very attempt got there. Nothing is written for a duplicate.
 
 A report for a canceled task is stale: cancellation fences the holder out
 (:class:`~trace_core.errors.StaleClaim`), whatever the lifecycle says.
+
+The v1 contract also names the worker: :func:`holder_attempt` finds the
+attempt a report is about (by number or by its record's ``attempt_id``) and
+refuses a worker that is not the one the attempt was claimed by
+(:class:`NotLeaseHolder`), before anything is written. An attempt's worker
+never changes, so checking it before the fenced write is as good as in it.
+A completion's ``result`` and a failure's structured ``error`` are kept on the
+attempt's record, in the transaction that ends the attempt; a duplicate
+report keeps what the first one wrote.
 """
 
 from __future__ import annotations
@@ -20,12 +29,58 @@ from typing import Any
 
 from trace_core.authoring.events import DatasetEvent
 from trace_core.dispatcher.service import Dispatcher
-from trace_core.errors import InvalidTransition, StaleClaim
+from trace_core.errors import InvalidTransition, NotFound, StaleClaim
 from trace_core.model import Fence, ItemState
 
-__all__ = ["Completion", "Failure", "complete_attempt", "fail_attempt", "report_state"]
+__all__ = [
+    "Completion",
+    "Failure",
+    "NotLeaseHolder",
+    "complete_attempt",
+    "fail_attempt",
+    "holder_attempt",
+    "report_state",
+]
 
 _MAX_ERROR = 8_192  # characters of an error message kept in tasks.error_message
+
+
+class NotLeaseHolder(StaleClaim):
+    """A report names another worker than the one the attempt was claimed by;
+    nothing was changed."""
+
+
+async def holder_attempt(
+    dispatcher: Dispatcher,
+    job_id: uuid.UUID,
+    attempt_id: int | uuid.UUID | None,
+    worker_id: str,
+) -> int:
+    """The attempt number a v1 report of ``worker_id`` is about.
+
+    ``attempt_id`` is the attempt number, the attempt record's id, or ``None``
+    for the task's current attempt. Raises :class:`NotFound` for an unknown
+    job or an ``attempt_id`` that is no attempt of it, and
+    :class:`NotLeaseHolder` when the attempt was claimed by another worker.
+    An attempt without a record (claimed before records were kept) is not
+    checked here; its fence still is.
+    """
+    if isinstance(attempt_id, uuid.UUID):
+        async with dispatcher.repo.read() as tx:
+            record = await tx.attempts.find(attempt_id)
+        if record is None or record.task_id != job_id:
+            raise NotFound(f"job {job_id} has no attempt {attempt_id}")
+    else:
+        number = attempt_id
+        if number is None:
+            number = (await dispatcher.tasks.leases.inspect(job_id)).attempt
+        async with dispatcher.repo.read() as tx:
+            record = await tx.attempts.find_by_number(job_id, number)
+        if record is None:
+            return number
+    if record.worker_id != worker_id:
+        raise NotLeaseHolder("tasks", job_id, f"attempt {record.attempt} is held by another worker")
+    return record.attempt
 
 
 @dataclass(frozen=True)
@@ -69,11 +124,14 @@ async def complete_attempt(
     *,
     events: Sequence[DatasetEvent] = (),
     outputs: Sequence[Mapping[str, Any]] | None = None,
+    result: Mapping[str, Any] | None = None,
 ) -> Completion:
-    """Commit the final events and the completion in one transaction, or
-    recognize a duplicate report of the same attempt."""
+    """Commit the final events, the completion and the attempt's ``result`` in
+    one transaction, or recognize a duplicate report of the same attempt."""
     try:
-        accepted = await dispatcher.control.complete(fence, events=events, outputs=outputs)
+        accepted = await dispatcher.control.complete(
+            fence, events=events, outputs=outputs, result=result
+        )
     except InvalidTransition:
         state = await report_state(dispatcher, fence)
         if state.status == "Completed":
@@ -83,12 +141,20 @@ async def complete_attempt(
 
 
 async def fail_attempt(
-    dispatcher: Dispatcher, fence: Fence, error: str, *, retryable: bool
+    dispatcher: Dispatcher,
+    fence: Fence,
+    error: str,
+    *,
+    retryable: bool,
+    detail: Mapping[str, Any] | None = None,
 ) -> Failure:
     """Fail the attempt (retry with backoff, or dead-letter), or recognize a
-    duplicate report of an attempt that already failed."""
+    duplicate report of an attempt that already failed. ``detail`` is the
+    structured error kept on the attempt's record."""
     try:
-        outcome = await dispatcher.control.fail(fence, error[:_MAX_ERROR], retryable=retryable)
+        outcome = await dispatcher.control.fail(
+            fence, error[:_MAX_ERROR], retryable=retryable, detail=detail
+        )
     except InvalidTransition:
         state = await report_state(dispatcher, fence)
         if state.status == "Queued":  # failed, and the retry already put it back

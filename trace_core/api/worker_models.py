@@ -6,7 +6,7 @@ import uuid
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
 from trace_core.api.fields import (
     MAX_EVENTS,
@@ -21,6 +21,9 @@ from trace_core.api.fields import (
 from trace_core.api.models import Events
 
 __all__ = [
+    "MAX_ERROR_MESSAGE",
+    "MAX_STACK",
+    "AttemptRef",
     "WorkerAck",
     "WorkerClaimRequest",
     "WorkerClaimResponse",
@@ -32,6 +35,34 @@ __all__ = [
     "WorkerHeartbeatResponse",
     "WorkerResult",
 ]
+
+
+MAX_ERROR_MESSAGE = 8_192
+"""Characters of an error ``message`` kept; a longer one is truncated."""
+MAX_STACK = 65_536
+"""Characters of an error ``stack`` kept: a longer one is truncated, keeping its
+end (the innermost frames and the exception), never refused."""
+
+_TRUNCATED = "[... {} characters truncated ...]\n"
+
+
+def _keep_head(value: str) -> str:
+    if len(value) <= MAX_ERROR_MESSAGE:
+        return value
+    return value[:MAX_ERROR_MESSAGE] + _TRUNCATED.format(len(value) - MAX_ERROR_MESSAGE).strip()
+
+
+def _keep_tail(value: str) -> str:
+    if len(value) <= MAX_STACK:
+        return value
+    return _TRUNCATED.format(len(value) - MAX_STACK) + value[-MAX_STACK:]
+
+
+AttemptRef = Attempt | uuid.UUID
+"""An attempt: its number (what the claim answers as ``attempt_id``) or the
+id of its record (``job_attempts.attempt_id``)."""
+
+_JSON_OBJECT: TypeAdapter[dict[str, Any]] = TypeAdapter(JsonObject)
 
 
 class WorkerClaimRequest(Request):
@@ -65,12 +96,13 @@ class WorkerClaimResponse(BaseModel):
 
 class WorkerHeartbeatRequest(Request):
     """``POST /internal/worker/heartbeat``; ``attempt_id`` is optional (the lease
-    token alone identifies the attempt: it is fresh per claim)."""
+    token alone identifies the attempt: it is fresh per claim). ``worker_id``
+    must be the worker the attempt was claimed by."""
 
     worker_id: Name
     job_id: uuid.UUID
     lease_token: uuid.UUID
-    attempt_id: Attempt | None = None
+    attempt_id: AttemptRef | None = None
 
 
 class WorkerHeartbeatResponse(BaseModel):
@@ -83,19 +115,31 @@ class WorkerHeartbeatResponse(BaseModel):
 
 class WorkerResult(BaseModel):
     """A completion's result: final ``events`` and ``outputs`` are committed with
-    the completion; other members (timings, artifact pointers) are accepted
-    and not stored."""
+    the completion; the whole result but its ``events`` (stored as events),
+    with any other members (artifact pointers, timings), is kept on the
+    attempt's record. Its size is bounded by the request body limit."""
 
     model_config = ConfigDict(extra="allow")
 
     events: Events = Field(default_factory=list)
     outputs: Annotated[list[JsonObject], Field(max_length=MAX_EVENTS)] | None = None
 
+    @model_validator(mode="after")
+    def _storable_members(self) -> WorkerResult:
+        # The other members are free-form: refuse what no engine can store
+        # (NUL characters, NaN, nesting too deep), as for every JSON field.
+        _JSON_OBJECT.validate_python(dict(self.model_extra or {}))
+        return self
+
+    def kept(self) -> dict[str, Any]:
+        """What the attempt's record keeps: every member but ``events``."""
+        return self.model_dump(mode="json", exclude={"events"}, exclude_none=True)
+
 
 class _WorkerReport(Request):
     worker_id: Name
     job_id: uuid.UUID
-    attempt_id: Attempt
+    attempt_id: AttemptRef
     lease_token: uuid.UUID
     stream: Name
     message_id: Name
@@ -108,11 +152,16 @@ class WorkerCompleteRequest(_WorkerReport):
 
 
 class WorkerError(Request):
-    """A failure report; ``retryable`` false dead-letters the job at once."""
+    """A failure report; ``retryable`` false dead-letters the job at once.
+
+    Kept as sent on the attempt's record, within bounds: a ``message`` longer
+    than :data:`MAX_ERROR_MESSAGE` characters keeps its beginning, a ``stack``
+    longer than :data:`MAX_STACK` its end; neither is refused for its length.
+    """
 
     code: Name = "error"
-    message: LongText
-    stack: LongText | None = None
+    message: Annotated[LongText, AfterValidator(_keep_head)]
+    stack: Annotated[LongText, AfterValidator(_keep_tail)] | None = None
     retryable: StrictBool = True
 
 

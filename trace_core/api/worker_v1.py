@@ -1,7 +1,8 @@
 """The v1 worker contract (worker-control-plane-v1.md) on Trace tasks.
 
-A v1 *job* is a Trace task (``job_id`` = ``task_id``), an *attempt* its
-attempt number (``attempt_id``), a *stream* a worker queue (see
+A v1 *job* is a Trace task (``job_id`` = ``task_id``), an *attempt* one
+execution of it, kept as a ``job_attempts`` record (``attempt_id`` names it
+by its number, or by the record's UUID), a *stream* a worker queue (see
 :mod:`trace_core.api.streams`). The database is the truth; the stream
 message is transport, and ``ack`` tells the worker when it may drop it.
 
@@ -12,7 +13,8 @@ route                                  answers
                                        the lease + payload; 400 (unknown stream,
                                        ``max_wait_ms`` out of range)
 ``POST /internal/worker/heartbeat``    200 ``{ok, lease_expires_at, directive}``;
-                                       404 unknown job; 409 stale
+                                       404 unknown job or attempt; 409 stale,
+                                       or another worker's attempt
 ``POST /internal/worker/complete``     200 ``{ok, ack, duplicate}``; 404; 409
 ``POST /internal/worker/fail``         200 ``{ok, ack, requeued, dlq,
                                        duplicate}``; 404; 409
@@ -32,6 +34,19 @@ again. A report that contradicts the recorded outcome of the same attempt
 ``ack: true``. An unknown job answers 404 with ``ack: true``. A malformed
 request (400) carries no ``ack``: the worker must fix the call; the lease
 expires and the reaper retries the job meanwhile.
+
+The lease holder (decision): heartbeat, complete and fail name a
+``worker_id``; another worker than the one the attempt was claimed by gets
+**409** ``{"ok": false, "ack": false, "error": "wrong_worker"}`` and nothing
+changes, whatever token it presents. ``ack`` is false: the message is the
+holder's, whose own report decides it.
+
+Records: the claim opens the attempt's record; completion closes it with
+the result (everything but ``events``, which are stored as events), failure
+with the structured ``error {code, message, stack, retryable}``, in the
+transaction that writes the final status and releases the lease. ``requeued``
+and ``dlq`` say what that transaction did (``retryable: false``, or an
+exhausted retry budget, dead-letters through the retry policy).
 """
 
 from __future__ import annotations
@@ -45,7 +60,12 @@ from fastapi.responses import JSONResponse
 from trace_core.api.errors import ERROR_RESPONSES, answer_doc
 from trace_core.api.internal import to_events
 from trace_core.api.models import WorkerRefusal
-from trace_core.api.reports import complete_attempt, fail_attempt
+from trace_core.api.reports import (
+    NotLeaseHolder,
+    complete_attempt,
+    fail_attempt,
+    holder_attempt,
+)
 from trace_core.api.streams import StreamClaimer
 from trace_core.api.worker_models import (
     WorkerAck,
@@ -69,9 +89,24 @@ _REFUSALS: dict[int | str, dict[str, Any]] = {
 }
 
 
-def _refusal(status: int, error: str, exc: Exception) -> JSONResponse:
-    body = WorkerRefusal(ack=True, error=error, reason=str(exc))
+def _refusal(status: int, error: str, exc: Exception, *, ack: bool = True) -> JSONResponse:
+    body = WorkerRefusal(ack=ack, error=error, reason=str(exc))
     return JSONResponse(body.model_dump(mode="json"), status_code=status)
+
+
+def _refused(exc: Exception) -> JSONResponse:
+    """The answer to a report refused by the database's state (module docstring)."""
+    if isinstance(exc, NotFound):
+        return _refusal(404, "not_found", exc)
+    if isinstance(exc, NotLeaseHolder):
+        # Not this worker's message to acknowledge: the holder's report decides.
+        return _refusal(409, "wrong_worker", exc, ack=False)
+    if isinstance(exc, StaleClaim):
+        return _refusal(409, "stale", exc)
+    return _refusal(409, "invalid_transition", exc)
+
+
+_REFUSED = (NotFound, StaleClaim, InvalidTransition)
 
 
 def worker_router(dispatcher: Dispatcher, claimer: StreamClaimer, *, max_wait_ms: int) -> APIRouter:
@@ -111,53 +146,59 @@ def worker_router(dispatcher: Dispatcher, claimer: StreamClaimer, *, max_wait_ms
 
     @router.post("/heartbeat", responses=_REFUSALS, response_model=WorkerHeartbeatResponse)
     async def heartbeat(request: WorkerHeartbeatRequest) -> Any:
-        """Extend the lease the token names (of ``attempt_id``, if given)."""
+        """Extend the lease the token names (of ``attempt_id``, if given), for
+        the worker the attempt was claimed by."""
         try:
-            attempt = request.attempt_id
-            if attempt is None:
-                attempt = (await dispatcher.tasks.leases.inspect(request.job_id)).attempt
+            attempt = await holder_attempt(
+                dispatcher, request.job_id, request.attempt_id, request.worker_id
+            )
             fence = Fence(request.job_id, attempt, request.lease_token)
             expires = await control.heartbeat(fence)
-        except NotFound as exc:
-            return _refusal(404, "not_found", exc)
-        except StaleClaim as exc:
-            return _refusal(409, "stale", exc)
+        except _REFUSED as exc:
+            return _refused(exc)
         directive = await control.directive(request.job_id)
         return WorkerHeartbeatResponse(ok=True, lease_expires_at=expires, directive=directive)
 
     @router.post("/complete", responses=_REFUSALS, response_model=WorkerAck)
     async def complete(request: WorkerCompleteRequest) -> Any:
-        """Commit the result (final ``events`` and ``outputs``) and complete the job."""
-        fence = Fence(request.job_id, request.attempt_id, request.lease_token)
+        """Commit the result (final ``events`` and ``outputs``, the rest kept on
+        the attempt's record) and complete the job."""
         events = to_events(request.result.events, "result.events")
         try:
-            done = await complete_attempt(
-                dispatcher, fence, events=events, outputs=request.result.outputs
+            attempt = await holder_attempt(
+                dispatcher, request.job_id, request.attempt_id, request.worker_id
             )
-        except NotFound as exc:
-            return _refusal(404, "not_found", exc)
-        except StaleClaim as exc:
-            return _refusal(409, "stale", exc)
-        except InvalidTransition as exc:
-            return _refusal(409, "invalid_transition", exc)
+            fence = Fence(request.job_id, attempt, request.lease_token)
+            done = await complete_attempt(
+                dispatcher,
+                fence,
+                events=events,
+                outputs=request.result.outputs,
+                result=request.result.kept(),
+            )
+        except _REFUSED as exc:
+            return _refused(exc)
         return WorkerAck(ok=True, ack=True, duplicate=done.duplicate)
 
     @router.post("/fail", responses=_REFUSALS, response_model=WorkerFailResponse)
     async def fail(request: WorkerFailRequest) -> Any:
-        """Fail the attempt: requeued (a retry is scheduled) or dead-lettered."""
-        fence = Fence(request.job_id, request.attempt_id, request.lease_token)
+        """Fail the attempt: requeued (a retry is scheduled) or dead-lettered;
+        the error is kept structured on the attempt's record."""
         error = request.error
-        text = f"{error.code}: {error.message}"
-        if error.stack:
-            text += f"\n{error.stack}"
         try:
-            failed = await fail_attempt(dispatcher, fence, text, retryable=error.retryable)
-        except NotFound as exc:
-            return _refusal(404, "not_found", exc)
-        except StaleClaim as exc:
-            return _refusal(409, "stale", exc)
-        except InvalidTransition as exc:
-            return _refusal(409, "invalid_transition", exc)
+            attempt = await holder_attempt(
+                dispatcher, request.job_id, request.attempt_id, request.worker_id
+            )
+            fence = Fence(request.job_id, attempt, request.lease_token)
+            failed = await fail_attempt(
+                dispatcher,
+                fence,
+                f"{error.code}: {error.message}",
+                retryable=error.retryable,
+                detail=error.model_dump(mode="json"),
+            )
+        except _REFUSED as exc:
+            return _refused(exc)
         return WorkerFailResponse(
             ok=True,
             ack=True,

@@ -285,25 +285,55 @@ class TaskControl:
         *,
         events: Sequence[DatasetEvent] = (),
         outputs: Sequence[Mapping[str, Any]] | None = None,
+        result: Mapping[str, Any] | None = None,
     ) -> AcceptResult:
         """Accept the final events and complete the attempt, atomically (without
-        events the completion is one fenced statement)."""
-        if not events:
+        events and ``result`` the completion is one fenced statement).
+
+        ``result`` (artifact pointers, timings, outputs ...) is kept on the
+        attempt's record, in the transaction of the completion.
+        """
+        if not events and result is None:
             await self.tasks.complete(fence, outputs=outputs)
             accepted = AcceptResult([], 0, 0)
         else:
             async with self.repo.transaction() as tx:
-                accepted = await self.gateway.accept(
-                    events, producer=Producer(_task_id(fence), fence.attempt), tx=tx
-                )
+                if events:
+                    accepted = await self.gateway.accept(
+                        events, producer=Producer(_task_id(fence), fence.attempt), tx=tx
+                    )
+                else:
+                    accepted = AcceptResult([], 0, 0)
                 await self.tasks.complete(fence, outputs=outputs, tx=tx)
+                if result is not None:
+                    await tx.attempts.set_result_if_ended(
+                        _task_id(fence), fence.attempt, status="Completed", result=result
+                    )
         await self._released(fence)
         return accepted
 
-    async def fail(self, fence: Fence, error: str, *, retryable: bool = True) -> FailOutcome:
-        """Fail the current attempt: a retry with backoff, or terminal."""
+    async def fail(
+        self,
+        fence: Fence,
+        error: str,
+        *,
+        retryable: bool = True,
+        detail: Mapping[str, Any] | None = None,
+    ) -> FailOutcome:
+        """Fail the current attempt: a retry with backoff, or terminal.
+
+        ``detail`` (``{code, message, stack, retryable}``) replaces the error
+        the attempt's record is closed with, in the transaction of the failure.
+        """
         retry_class = RetryClass.RETRYABLE if retryable else RetryClass.FATAL
-        outcome = await self.tasks.fail(fence, error, retry_class=retry_class)
+        if detail is None:
+            outcome = await self.tasks.fail(fence, error, retry_class=retry_class)
+        else:
+            async with self.repo.transaction() as tx:
+                outcome = await self.tasks.fail(fence, error, retry_class=retry_class, tx=tx)
+                await tx.attempts.set_error_if_ended(
+                    _task_id(fence), fence.attempt, statuses=("Failed",), error=detail
+                )
         await self._released(fence)
         return outcome
 

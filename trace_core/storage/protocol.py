@@ -20,6 +20,7 @@ from typing import Any, Literal, Protocol
 from trace_core.model import Fence, ItemState, Lease, QueueSpec
 from trace_core.storage.ports import DeployOps, LaunchOps, RegistryOps, SourceOps, TaskOps
 from trace_core.storage.ports.api_keys import ApiKeyOps
+from trace_core.storage.ports.attempts import AttemptOps
 from trace_core.storage.ports.concurrency import ConcurrencyOps
 from trace_core.storage.ports.events import EventOps
 from trace_core.storage.ports.explain import ExplainOps
@@ -139,6 +140,11 @@ class Transaction(Protocol):
     @property
     def tasks(self) -> TaskOps:
         """Task lookups by job and runtime."""
+        ...
+
+    @property
+    def attempts(self) -> AttemptOps:
+        """Task attempts as records (opened by claims, closed by the protocol's writes)."""
         ...
 
     @property

@@ -614,3 +614,35 @@ job_journal = sa.Table(
     _json("detail", nullable=True),
     sa.Index("idx_job_journal_job_at", "job_id", "at"),
 )
+
+ATTEMPT_STATUSES = ("Running", "Completed", "Failed", "Expired", "TimedOut", "Canceled")
+"""How a task's execution attempt ended (``Running`` while it has not):
+``Failed`` the holder reported a failure, ``Expired`` its lease ran out
+(the reaper), ``TimedOut`` it ran past the job's timeout, ``Canceled`` the
+task was canceled under it."""
+
+# worker-control-plane-v1.md "JobAttempt": one row per execution attempt of a
+# task, opened by the claim and closed with the attempt's final state, in the
+# same statement or transaction as the task row's change.
+job_attempts = sa.Table(
+    "job_attempts",
+    metadata,
+    sa.Column("attempt_id", Uuid(), primary_key=True),
+    sa.Column("task_id", Uuid(), sa.ForeignKey("tasks.id"), nullable=False),
+    sa.Column("attempt", sa.Integer(), nullable=False),
+    sa.Column("worker_id", sa.Text(), nullable=False),
+    # The transport message that delivered the job (Redis Streams); NULL for
+    # the database fallback and the other transports.
+    sa.Column("stream", sa.Text()),
+    sa.Column("message_id", sa.Text()),
+    sa.Column("status", sa.Text(), nullable=False),
+    sa.Column("started_at", UTCDateTime(), nullable=False),
+    sa.Column("ended_at", UTCDateTime()),
+    _json("result", nullable=True),
+    _json("error", nullable=True),
+    sa.CheckConstraint(
+        "status IN ({})".format(", ".join(f"'{s}'" for s in ATTEMPT_STATUSES)), name="status"
+    ),
+    sa.CheckConstraint("attempt >= 1", name="attempt"),
+    sa.UniqueConstraint("task_id", "attempt"),
+)

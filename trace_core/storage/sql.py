@@ -17,7 +17,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from trace_core.errors import ConfigurationError
-from trace_core.model import Fence, ItemState, Lease, QueueSpec
+from trace_core.model import TASKS, Fence, ItemState, Lease, QueueSpec
 from trace_core.storage import schema
 from trace_core.storage.bulk import bulk_insert, records_param, wakeup_params, wakeup_rows_sql
 from trace_core.storage.engine import SQLITE_BEGIN, EngineSettings, create_engine
@@ -30,6 +30,12 @@ from trace_core.storage.protocol import (
     Transaction,
 )
 from trace_core.storage.sql_api_keys import SqlApiKeyOps
+from trace_core.storage.sql_attempts import (
+    SqlAttemptOps,
+    claim_opening_attempts,
+    closing_params,
+    finish_closing_attempts,
+)
 from trace_core.storage.sql_concurrency import SqlConcurrencyOps
 from trace_core.storage.sql_deploy import SqlDeployOps
 from trace_core.storage.sql_errors import translate_errors
@@ -259,6 +265,11 @@ class SqlTransaction:
         """The deliverer's ordered claim and targets (``sql_webhook_delivery``)."""
         return SqlWebhookDeliveryOps(self, self.claim)
 
+    @functools.cached_property
+    def attempts(self) -> SqlAttemptOps:
+        """Task attempts as records (:mod:`~trace_core.storage.sql_attempts`)."""
+        return SqlAttemptOps(self)
+
     # --- ownership protocol -------------------------------------------------
 
     async def claim(
@@ -280,9 +291,25 @@ class SqlTransaction:
             params["item_id"] = item_id
         else:
             params["limit"] = limit
-        stmt = self._stmts.claim(queue, item_id is not None, gate)
+        stmt: sa.Executable = self._stmts.claim(queue, item_id is not None, gate)
+        # A claimed task starts an execution attempt: its job_attempts row is
+        # opened with the claim (see sql_attempts for how, per engine).
+        records = queue.name == TASKS.name
+        opens_in_claim = records and self.engine_name == "postgres"
+        if opens_in_claim:
+            assert isinstance(stmt, sa.Update)
+            stmt = claim_opening_attempts(stmt)
         with translate_errors(f"claim {queue.name}"):
             rows = await self._fetch(stmt, params)
+        if opens_in_claim:
+            attempt_ids = {row[0]: row[-1] for row in rows}
+            rows = [row[:-1] for row in rows]
+        elif records:
+            attempt_ids = await self.attempts.open(
+                [(row[0], row[1]) for row in rows], worker_id=worker_id, now=now
+            )
+        else:
+            attempt_ids = {}
         qt = self._stmts.table(queue)
         data_keys = [col.key for col in qt.data]
         return [
@@ -296,6 +323,7 @@ class SqlTransaction:
                 expires_at=expires_at,
                 max_attempts=row[4],
                 data=dict(zip(data_keys, row[5:], strict=True)),
+                attempt_id=attempt_ids.get(row[0]),
             )
             for row in rows
         ]
@@ -353,9 +381,27 @@ class SqlTransaction:
             if column is not None:  # ready_at of a queue without an availability gate
                 new[column] = value
         stmt = sa.update(qt.table).where(*self._stmts.fence(qt), status).values(new)
+        params = self._stmts.fence_params(fence)
+        if queue.name != TASKS.name or target in queue.leased:
+            with translate_errors(f"{queue.name} -> {target}"):
+                result = await self._execute(stmt, params)
+            return bool(result.rowcount)
+        # The attempt ends: its record is closed with the task row.
+        ending = closing_params(_ATTEMPT_END.get(target, "Failed"), now, None)
         with translate_errors(f"{queue.name} -> {target}"):
-            result = await self._execute(stmt, self._stmts.fence_params(fence))
-        return bool(result.rowcount)
+            if self.engine_name == "postgres":
+                closing = finish_closing_attempts(stmt.returning(c.id))
+                rows = (await self._execute(closing, params | ending)).all()
+                return bool(rows)
+            result = await self._execute(stmt, params)
+        if not result.rowcount:
+            return False
+        await self.attempts.close(
+            [(_uuid(fence.item_id), fence.attempt)],
+            status=ending["a_status"],
+            now=now,
+        )
+        return True
 
     async def complete_many(
         self,
@@ -367,11 +413,23 @@ class SqlTransaction:
     ) -> set[ItemId]:
         if not fences:
             return set()
-        stmt = self._stmts.complete_many(queue, frozenset(sources))
+        stmt: sa.Executable = self._stmts.complete_many(queue, frozenset(sources))
         params, ids = self._stmts.fence_batch(fences)
+        records = queue.name == TASKS.name
+        if records and self.engine_name == "postgres":
+            assert isinstance(stmt, sa.Update)
+            stmt = _completing_many(stmt)
+            params |= closing_params("Completed", now, None)
         with translate_errors(f"complete {queue.name}"):
             rows = await self._fetch(stmt, params | {"now": now})
-        return {row[0] for row in rows} if ids is None else {ids[row[0]] for row in rows}
+        done = {row[0] for row in rows} if ids is None else {ids[row[0]] for row in rows}
+        if records and self.engine_name != "postgres":
+            await self.attempts.close(
+                [(_uuid(f.item_id), f.attempt) for f in fences if f.item_id in done],
+                status="Completed",
+                now=now,
+            )
+        return done
 
     async def fail(
         self,
@@ -431,6 +489,22 @@ class SqlTransaction:
         if row is None:
             return None
         status, retried, claim_version = row[0], bool(row[1]), row[2]
+        if queue.name == TASKS.name:
+            # Every caller fails in a transaction (LeaseQueue): the attempt's
+            # record closes in it, with a structured error the reporter may
+            # refine in the same transaction (tx.attempts.set_error_if_ended).
+            if expired_before is not None:
+                code, ended = "lease_expired", "Expired"
+            elif timed_out:
+                code, ended = "timed_out", "TimedOut"
+            else:
+                code, ended = "error", "Failed"
+            await self.attempts.close(
+                [(_uuid(fence.item_id), fence.attempt)],
+                status=ended,
+                now=now,
+                error={"code": code, "message": error, "stack": None, "retryable": retryable},
+            )
         if retried or not via_retry:
             return (status,), retried
         # failed -> dead_letter, in the caller's transaction and under the
@@ -489,7 +563,23 @@ class SqlTransaction:
             where.append(sa.or_(c.status != queue.dead, qt.retry_at.is_not(None)))
         stmt = sa.update(qt.table).where(*where).values(values).returning(c.id)
         with translate_errors(f"{queue.name} -> {target}"):
-            return set((await self._execute(stmt)).scalars().all())
+            moved: set[ItemId] = set((await self._execute(stmt)).scalars().all())
+        if queue.name == TASKS.name and moved:
+            # Administrative moves run in a transaction (LeaseQueue): the
+            # running attempts of the moved tasks end with them.
+            ended = "Canceled" if target == "Canceled" else "Failed"
+            await self.attempts.close_running(
+                [_uuid(i) for i in moved],
+                status=ended,
+                now=now,
+                error={
+                    "code": ended.lower(),
+                    "message": error or ended.lower(),
+                    "stack": None,
+                    "retryable": False,
+                },
+            )
+        return moved
 
     # --- tasks and outbox ---------------------------------------------------
 
@@ -727,6 +817,21 @@ class SqlTransaction:
         stmt = sa.delete(t).where(sa.tuple_(t.c.scope, t.c.key).in_(pick))
         with translate_errors("idempotency sweep"):
             return int((await self._execute(stmt)).rowcount)
+
+
+_ATTEMPT_END = {TASKS.done: "Completed", "Canceled": "Canceled"}
+"""An attempt's final status by the task status a fenced transition moves it to."""
+
+
+def _uuid(item_id: ItemId) -> uuid.UUID:
+    return item_id if isinstance(item_id, uuid.UUID) else uuid.UUID(str(item_id))
+
+
+@functools.cache
+def _completing_many(complete_many: sa.Update) -> sa.Select[Any]:
+    """Postgres: the cached batch completion of tasks closing their attempts
+    (built once per cached statement, so the direct pool compiles it once)."""
+    return finish_closing_attempts(complete_many)
 
 
 @functools.cache

@@ -12,6 +12,7 @@ from trace_core.storage.ports.api_keys import (
     ApiKeyRecord,
     DigestMatch,
 )
+from trace_core.storage.ports.attempts import AttemptOps, AttemptRecord
 from trace_core.storage.ports.concurrency import (
     ConcurrencyOps,
     JobClaimSettings,
@@ -134,6 +135,8 @@ from trace_core.storage.ports.webhook_receipts import (
 __all__ = [
     "ApiKeyOps",
     "ApiKeyRecord",
+    "AttemptOps",
+    "AttemptRecord",
     "ConcurrencyOps",
     "CronState",
     "DagDataset",

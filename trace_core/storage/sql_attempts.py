@@ -1,0 +1,271 @@
+"""The attempts area (:mod:`trace_core.storage.ports.attempts`) in SQL, for both engines.
+
+Besides the port's reads and guarded writes, this module holds what the
+ownership protocol (:class:`~trace_core.storage.sql.SqlTransaction`) uses to
+open and close attempt rows together with the task row's change:
+
+- on Postgres the claim and the fenced finishing writes run as ONE statement
+  (a data-modifying CTE): they often run in autocommit (a ``statement()``
+  scope), where a second statement would not be atomic with the first, and
+  one statement also keeps the claim at one round trip;
+- on SQLite every scope is a write transaction (``BEGIN IMMEDIATE``), so the
+  attempt rows are written by a second statement in the same transaction.
+"""
+
+from __future__ import annotations
+
+import functools
+import uuid
+from collections.abc import Collection, Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
+
+from trace_core.storage import schema
+from trace_core.storage.ports.attempts import AttemptRecord
+from trace_core.storage.sql_area import SqlArea
+
+__all__ = ["SqlAttemptOps", "claim_opening_attempts", "finish_closing_attempts"]
+
+_REOPENED = ("worker_id", "started_at", "status", "stream", "message_id", "ended_at")
+
+
+def _columns() -> tuple[sa.ColumnElement[Any], ...]:
+    a = schema.job_attempts
+    return (
+        a.c.attempt_id,
+        a.c.task_id,
+        a.c.attempt,
+        a.c.worker_id,
+        a.c.stream,
+        a.c.message_id,
+        a.c.status,
+        a.c.started_at,
+        a.c.ended_at,
+        a.c.result,
+        a.c.error,
+    )
+
+
+def _upsert(insert: Any) -> Any:
+    """Open, or reopen, the row of ``(task_id, attempt)``.
+
+    A task's attempt numbers grow with every claim, so a conflict means a
+    claim that gave an attempt back (it spent none) and claims it again: the
+    row describes the new execution, with a new ``attempt_id``.
+    """
+    a = schema.job_attempts
+    fresh = {name: insert.excluded[name] for name in ("attempt_id", *_REOPENED)}
+    fresh |= {"result": None, "error": None}
+    return insert.on_conflict_do_update(index_elements=[a.c.task_id, a.c.attempt], set_=fresh)
+
+
+@functools.cache
+def claim_opening_attempts(claim: sa.Update) -> sa.Select[Any]:
+    """Postgres: ``claim`` (a tasks claim ``UPDATE … RETURNING id, attempt, …``)
+    that also opens each claimed attempt's row, in one statement; its rows are
+    the claim's columns followed by the new ``attempt_id``.
+
+    Uses the claim's ``b_worker_id`` and ``now`` parameters.
+    """
+    a = schema.job_attempts
+    claimed = claim.cte("claimed")
+    opened_rows = sa.select(
+        sa.func.gen_random_uuid(),
+        claimed.c.id,
+        claimed.c.attempt,
+        sa.bindparam("b_worker_id", type_=sa.Text()),
+        sa.bindparam("now", type_=a.c.started_at.type),
+        sa.literal("Running", sa.Text()),
+    )
+    insert = postgresql.insert(a).from_select(
+        ["attempt_id", "task_id", "attempt", "worker_id", "started_at", "status"], opened_rows
+    )
+    opened = _upsert(insert).returning(a.c.attempt_id, a.c.task_id).cte("opened")
+    return sa.select(*claimed.c, opened.c.attempt_id).select_from(
+        claimed.outerjoin(opened, opened.c.task_id == claimed.c.id)
+    )
+
+
+def _closing_values() -> dict[str, Any]:
+    a = schema.job_attempts
+    return {
+        "status": sa.bindparam("a_status", type_=sa.Text()),
+        "ended_at": sa.bindparam("a_now", type_=a.c.ended_at.type),
+        "error": sa.func.coalesce(sa.bindparam("a_error", type_=a.c.error.type), a.c.error),
+    }
+
+
+def finish_closing_attempts(finish: sa.Update) -> sa.Select[Any]:
+    """Postgres: a fenced finishing ``UPDATE`` of tasks (with its ``RETURNING``)
+    that also closes the attempts it ended, in one statement; its rows are
+    those ``finish`` returns.
+
+    Parameters: ``a_status`` (the attempts' final status), ``a_now`` (their end)
+    and ``a_error`` (their error document, or ``None`` to keep the one they
+    have). Not cached here: callers cache it when ``finish`` is cached.
+    """
+    a, t = schema.job_attempts, schema.tasks
+    fin = finish.returning(t.c.id.label("f_id"), t.c.attempt.label("f_attempt")).cte("fin")
+    closed = (
+        sa.update(a)
+        .where(a.c.task_id == fin.c.f_id, a.c.attempt == fin.c.f_attempt)
+        .values(_closing_values())
+        .returning(a.c.attempt_id)
+        .cte("closed")
+    )
+    kept = [col for col in fin.c if col.key not in ("f_id", "f_attempt")]
+    return sa.select(*kept).add_cte(closed)
+
+
+def closing_params(status: str, now: datetime, error: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The parameters of :func:`finish_closing_attempts` and of :meth:`SqlAttemptOps.close`."""
+    return {"a_status": status, "a_now": now, "a_error": dict(error) if error else None}
+
+
+class SqlAttemptOps(SqlArea):
+    """:class:`~trace_core.storage.ports.attempts.AttemptOps` on a SQL transaction,
+    plus the opening and closing the ownership protocol calls on SQLite."""
+
+    async def of_tasks(
+        self, task_ids: Collection[uuid.UUID]
+    ) -> dict[uuid.UUID, list[AttemptRecord]]:
+        if not task_ids:
+            return {}
+        a = schema.job_attempts
+        stmt = (
+            sa.select(*_columns())
+            .where(a.c.task_id.in_(list(task_ids)))
+            .order_by(a.c.task_id, a.c.attempt)
+        )
+        found: dict[uuid.UUID, list[AttemptRecord]] = {}
+        for row in await self._rows("attempts of tasks", stmt):
+            found.setdefault(row[1], []).append(AttemptRecord(*row))
+        return found
+
+    async def find(self, attempt_id: uuid.UUID) -> AttemptRecord | None:
+        a = schema.job_attempts
+        rows = await self._rows(
+            "attempt", sa.select(*_columns()).where(a.c.attempt_id == attempt_id)
+        )
+        return AttemptRecord(*rows[0]) if rows else None
+
+    async def find_by_number(self, task_id: uuid.UUID, attempt: int) -> AttemptRecord | None:
+        a = schema.job_attempts
+        stmt = sa.select(*_columns()).where(a.c.task_id == task_id, a.c.attempt == attempt)
+        rows = await self._rows("attempt by number", stmt)
+        return AttemptRecord(*rows[0]) if rows else None
+
+    async def set_transport_if_running(
+        self, task_id: uuid.UUID, attempt: int, *, stream: str, message_id: str
+    ) -> bool:
+        a = schema.job_attempts
+        stmt = (
+            sa.update(a)
+            .where(a.c.task_id == task_id, a.c.attempt == attempt, a.c.status == "Running")
+            .values(stream=stream, message_id=message_id)
+        )
+        return await self._count("attempt transport", stmt) > 0
+
+    async def set_result_if_ended(
+        self, task_id: uuid.UUID, attempt: int, *, status: str, result: Mapping[str, Any]
+    ) -> bool:
+        a = schema.job_attempts
+        stmt = (
+            sa.update(a)
+            .where(a.c.task_id == task_id, a.c.attempt == attempt, a.c.status == status)
+            .values(result=dict(result))
+        )
+        return await self._count("attempt result", stmt) > 0
+
+    async def set_error_if_ended(
+        self,
+        task_id: uuid.UUID,
+        attempt: int,
+        *,
+        statuses: Collection[str],
+        error: Mapping[str, Any],
+    ) -> bool:
+        a = schema.job_attempts
+        stmt = (
+            sa.update(a)
+            .where(a.c.task_id == task_id, a.c.attempt == attempt, a.c.status.in_(list(statuses)))
+            .values(error=dict(error))
+        )
+        return await self._count("attempt error", stmt) > 0
+
+    # --- for the ownership protocol (not in the port) ------------------------
+
+    async def open(
+        self, claimed: Sequence[tuple[uuid.UUID, int]], *, worker_id: str, now: datetime
+    ) -> dict[uuid.UUID, uuid.UUID]:
+        """Open (or reopen) the rows of the claimed ``(task_id, attempt)`` pairs;
+        the new ``attempt_id`` of each task."""
+        if not claimed:
+            return {}
+        a = schema.job_attempts
+        dialect = postgresql if self.engine_name == "postgres" else sqlite
+        opened = {task_id: uuid.uuid4() for task_id, _ in claimed}
+        rows = [
+            {
+                "attempt_id": opened[task_id],
+                "task_id": task_id,
+                "attempt": attempt,
+                "worker_id": worker_id,
+                "started_at": now,
+                "status": "Running",
+                "stream": None,
+                "message_id": None,
+                "ended_at": None,
+            }
+            for task_id, attempt in claimed
+        ]
+        await self._run("open attempts", _upsert(dialect.insert(a)), rows)
+        return opened
+
+    async def close(
+        self,
+        ended: Sequence[tuple[uuid.UUID, int]],
+        *,
+        status: str,
+        now: datetime,
+        error: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Close the rows of the ended ``(task_id, attempt)`` pairs with ``status``
+        (and ``error``, when given)."""
+        if not ended:
+            return
+        a = schema.job_attempts
+        stmt = (
+            sa.update(a)
+            .where(
+                a.c.task_id == sa.bindparam("k_task", type_=a.c.task_id.type),
+                a.c.attempt == sa.bindparam("k_attempt", type_=sa.Integer()),
+            )
+            .values(_closing_values())
+        )
+        base = closing_params(status, now, error)
+        params = [base | {"k_task": task_id, "k_attempt": attempt} for task_id, attempt in ended]
+        await self._run("close attempts", stmt, params)
+
+    async def close_running(
+        self,
+        task_ids: Collection[uuid.UUID],
+        *,
+        status: str,
+        now: datetime,
+        error: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Close the ``Running`` attempts of ``task_ids`` (an administrative end:
+        cancellation, a forced dead letter)."""
+        if not task_ids:
+            return
+        a = schema.job_attempts
+        stmt = (
+            sa.update(a)
+            .where(a.c.task_id.in_(list(task_ids)), a.c.status == "Running")
+            .values(_closing_values())
+        )
+        await self._run("close running attempts", stmt, closing_params(status, now, error))
