@@ -6,14 +6,17 @@ that died between its commit and the ack."""
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import anyio
 import pytest
 
 from tests.api_fixtures import STREAM, Api, api_platform
+from tests.factories import wait_until
 from trace_core.clock import ManualClock
 from trace_core.ports import StreamMessage, StreamTransportUnavailable
 from trace_core.storage.sql import SqlRepository
@@ -301,3 +304,47 @@ async def test_a_control_plane_killed_between_commit_and_ack(
             assert await _statuses(api) == {task_id: ("Completed", 1)}
     finally:
         await second_streams.close()
+
+
+async def test_the_long_poll_is_woken_by_a_stream_message(api: Api, streams: RedisStreams) -> None:
+    answers: list[dict[str, Any]] = []
+
+    async def wait_for_work() -> None:
+        answers.append(await _claim(api, wait_ms=10_000))
+
+    async def blocked_in_xreadgroup() -> bool:
+        clients: Any = await streams.client.client_list()
+        return any(c.get("cmd") == "xreadgroup" and c.get("flags") == "b" for c in clients)
+
+    with anyio.fail_after(20):
+        async with anyio.create_task_group() as group:
+            group.start_soon(wait_for_work)
+            await wait_until(
+                "the claim to block in XREADGROUP",
+                blocked_in_xreadgroup,
+                time.monotonic() + 10,
+                describe=streams.client.client_list,
+            )
+            task_id = await _trigger(api, "run-1")
+    [claimed] = answers
+    assert claimed["claimed"] is True and claimed["source"] == "stream"
+    assert claimed["job_id"] == str(task_id)
+
+
+async def test_an_unreachable_redis_leaves_claims_to_the_database(
+    repo: SqlRepository, clock: ManualClock
+) -> None:
+    with RedisServer() as server:
+        transport = _transport(server.url)
+    # The server is gone: the relay's XADD fails (the outbox retries it later).
+    try:
+        async with _platform(repo, clock, transport) as api:
+            task_id = await api.trigger("run-1")
+            await api.dispatcher.relay.run_once()
+            claimed = await _claim(api, wait_ms=50)
+            assert claimed["claimed"] is True and claimed["source"] == "database"
+            await _complete(api, claimed)
+            assert (await _claim(api))["claimed"] is False
+            assert await _statuses(api) == {task_id: ("Completed", 1)}
+    finally:
+        await transport.close()

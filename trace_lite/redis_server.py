@@ -12,6 +12,7 @@ loses every stream, like a crash of an unpersisted production Redis).
 from __future__ import annotations
 
 import atexit
+import os
 import shutil
 import socket
 import subprocess
@@ -65,6 +66,8 @@ class RedisServer:
             raise ConfigurationError(
                 "redis-server: not installed (Debian package 'redis-server'; ./dev installs it)"
             )
+        if not os.access(found, os.X_OK):
+            raise ConfigurationError(f"redis-server: {found} is not an executable file")
         self.binary = found
         self.persistent = persistent
         self.port = 0
