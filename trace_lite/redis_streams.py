@@ -37,16 +37,13 @@ from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ResponseError
+from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from trace_core.errors import ConfigurationError
 from trace_core.ports import StreamMessage, StreamTransportUnavailable
 
-__all__ = ["DEFAULT_GROUP", "REDIS_URL_ENV", "RedisStreams"]
-
-REDIS_URL_ENV = "TRACE_REDIS_URL"
-"""Environment variable naming the Redis of ``trace-lite serve`` (``--redis-url``)."""
+__all__ = ["DEFAULT_GROUP", "RedisStreams"]
 
 DEFAULT_GROUP = "trace-workers"
 
@@ -115,8 +112,10 @@ class RedisStreams:
         return f"{self.prefix}dlq"
 
     async def _call(self, operation: Callable[[], Awaitable[T]]) -> T:
-        """Run ``operation``; recreate the groups once on ``NOGROUP``;
-        connection failures become :class:`StreamTransportUnavailable`."""
+        """Run ``operation``; recreate the groups once on ``NOGROUP``; every
+        other Redis failure becomes :class:`StreamTransportUnavailable`
+        (whose message never holds the URL's password: redis-py names only
+        host and port)."""
         for retry in (True, False):
             try:
                 return await operation()
@@ -128,7 +127,11 @@ class RedisStreams:
                 if retry and str(exc).startswith("NOGROUP"):
                     self._groups.clear()
                     continue
-                raise
+                # Any other refusal (out of memory, a read-only replica): the
+                # transport cannot serve; the database still can.
+                raise StreamTransportUnavailable(f"redis: {exc}") from None
+            except RedisError as exc:
+                raise StreamTransportUnavailable(f"redis: {exc}") from None
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def _ensure_groups(self, streams: Sequence[str]) -> None:

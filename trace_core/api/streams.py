@@ -74,7 +74,7 @@ import anyio
 from trace_core.dispatcher.control import ClaimedTask
 from trace_core.dispatcher.runtimes import RuntimeKind
 from trace_core.dispatcher.service import Dispatcher
-from trace_core.errors import InvalidInput
+from trace_core.errors import InvalidInput, NotFound
 from trace_core.model import NotClaimedReason
 from trace_core.ports import StreamMessage, StreamTransport, StreamTransportUnavailable
 from trace_core.storage.ports import RuntimeRoute
@@ -241,16 +241,30 @@ class StreamClaimer:
             if message.job_id is None:
                 settled.append(message)
                 continue
-            claimed = await self.dispatcher.control.claim(message.job_id, worker_id)
-            reason = claimed.outcome.reason
-            if claimed.outcome.claimed:
-                found = StreamClaim(message.stream, "stream", claimed, message.message_id)
-            elif reason is NotClaimedReason.DEAD_LETTERED:
+            reason = await self._reason_now(message.job_id) if pending else None
+            if reason is None or reason is NotClaimedReason.NOT_READY:
+                claimed = await self.dispatcher.control.claim(message.job_id, worker_id)
+                if claimed.outcome.claimed:
+                    found = StreamClaim(message.stream, "stream", claimed, message.message_id)
+                    continue
+                reason = claimed.outcome.reason
+            if reason is NotClaimedReason.DEAD_LETTERED:
                 await self._guarded(transport.dead_letter(message, str(reason)))
             elif reason in _SETTLED or (reason is NotClaimedReason.ALREADY_RUNNING and not pending):
                 settled.append(message)
         await self._guarded(transport.ack(settled))
         return found
+
+    async def _reason_now(self, job_id: uuid.UUID) -> NotClaimedReason:
+        """Why the job could not be claimed now, from one read (``NOT_READY``
+        also for a queued job: only a claim tells). A pending message is most
+        often its worker's finished job: this read spares the claim attempt."""
+        leases = self.dispatcher.tasks.leases
+        try:
+            state = await leases.inspect(job_id)
+        except NotFound:
+            return NotClaimedReason.NOT_FOUND
+        return leases.refusal_reason(state)
 
     async def _claim_from(
         self, stream: str, matchers: list[Matcher], worker_id: str
