@@ -348,3 +348,26 @@ async def test_an_unreachable_redis_leaves_claims_to_the_database(
             assert await _statuses(api) == {task_id: ("Completed", 1)}
     finally:
         await transport.close()
+
+
+# --- configuration -------------------------------------------------------------
+
+
+def test_serve_takes_the_redis_url_from_the_option_or_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import argparse
+
+    from trace_lite.cli import _serve_arguments
+
+    def parsed(*argv: str) -> argparse.Namespace:
+        parser = argparse.ArgumentParser()
+        _serve_arguments(parser)
+        return parser.parse_args(argv)
+
+    monkeypatch.delenv("TRACE_REDIS_URL", raising=False)
+    assert parsed().redis_url is None  # no Redis: in-process wake-ups, database claims
+    monkeypatch.setenv("TRACE_REDIS_URL", "redis://127.0.0.1:6390/2")
+    assert parsed().redis_url == "redis://127.0.0.1:6390/2"
+    chosen = parsed("--redis-url", "redis://127.0.0.1:6391/0", "--stream-idle-seconds", "30")
+    assert chosen.redis_url == "redis://127.0.0.1:6391/0" and chosen.stream_idle_seconds == 30.0
