@@ -275,6 +275,9 @@ async def test_a_dead_consumers_pending_message_is_taken_over_and_settled(
     await _complete(api, retried, "w2")
     assert (await _claim(api, "w2"))["claimed"] is False
     assert await streams.pending_count(STREAM) == 0
+    # The dead consumer, with nothing pending and idle, is forgotten.
+    consumers: Any = await streams.client.xinfo_consumers(streams.key(STREAM), streams.group)
+    assert [_text(c["name"]) for c in consumers] == ["w2"]
     assert await _statuses(api) == {task_id: ("Completed", 2)}
 
 

@@ -15,6 +15,8 @@ Layout, under ``prefix`` (default ``trace:``):
   ignored), again whenever Redis answers ``NOGROUP`` (a restarted server
   without persistence, ``FLUSHALL``). Each worker is one consumer, named by
   its ``worker_id``.
+- Consumers with nothing pending and idle past ``claim_idle_seconds`` are
+  deleted during takeovers (a dead worker's name does not stay forever).
 - ``<prefix>dlq``: dead-lettered jobs, ``{job_id, stream, message_id,
   reason}``, written together with the ``XACK`` of the message (``MULTI``).
 
@@ -246,7 +248,22 @@ class RedisStreams:
 
             answer = await self._call(claim)
             found.extend(self._messages(stream, answer[1] if answer else ()))
+            await self._forget_idle_consumers(stream, consumer, idle_ms)
         return found
+
+    async def _forget_idle_consumers(self, stream: str, consumer: str, idle_ms: int) -> None:
+        """Delete the consumers of ``stream`` with nothing pending and idle
+        longer than ``idle_ms`` (dead workers), so the group stays bounded
+        too; a live one is recreated by its next read."""
+
+        async def forget() -> None:
+            consumers: Any = await self.client.xinfo_consumers(self.key(stream), self.group)
+            for entry in consumers:
+                name = _text(entry["name"])
+                if name != consumer and entry["pending"] == 0 and entry["idle"] > idle_ms:
+                    await self.client.xgroup_delconsumer(self.key(stream), self.group, name)
+
+        await self._call(forget)
 
     async def ack(self, messages: Sequence[StreamMessage]) -> None:
         """``XACK`` every message (one round trip)."""
