@@ -2,8 +2,11 @@
 unchanged ``trace-lite worker`` processes. One worker is SIGKILLed while its
 stream message is pending; the other finishes every task (the killed one's
 retry too), takes the dead consumer's message over, and at the end every task
-completed exactly once in the database and no message is pending. Waits are
-bounded and on conditions (marker files, rows, Redis counters)."""
+completed exactly once in the database and no message is pending. And a
+control plane SIGKILLed after a completion committed and before its ack: a new
+one recognises the redelivered message and acknowledges it without running the
+job again. Waits are bounded and on conditions (marker files, rows, Redis
+counters, process exits)."""
 
 from __future__ import annotations
 
@@ -46,6 +49,15 @@ async def _redis_state(url: str) -> tuple[int, int, list[str]]:
         await streams.close()
 
 
+async def _pending_jobs(url: str, consumer: str) -> list[uuid.UUID | None]:
+    """The jobs of ``consumer``'s pending messages on the platform stream."""
+    streams = RedisStreams.from_url(url)
+    try:
+        return [m.job_id for m in await streams.pending(consumer, [STREAM])]
+    finally:
+        await streams.close()
+
+
 async def _reset(url: str) -> None:
     """Drop the stream left by another run of this test on the session's server."""
     streams = RedisStreams.from_url(url)
@@ -55,19 +67,17 @@ async def _reset(url: str) -> None:
         await streams.close()
 
 
-def test_serve_on_redis_survives_a_sigkilled_consumer(
+def _serve(
     database_url: str,
     redis_url: str,
     tmp_path: Path,
+    name: str,
     processes: list[tuple[subprocess.Popen[bytes], IO[bytes]]],
-) -> None:
-    markers = tmp_path / "markers"
-    markers.mkdir()
-    anyio.run(_deploy, database_url, markers)
-    anyio.run(_reset, redis_url)
+) -> str:
+    """``trace-lite serve --redis-url`` on a free port, once it answers; its base URL."""
     port = _free_port()
     base = f"http://127.0.0.1:{port}"
-    server_log = tmp_path / "serve.log"
+    server_log = tmp_path / f"{name}.log"
     serve_args = [
         *("serve", "--db", database_url, "--port", str(port)),
         *("--data-dir", str(tmp_path / "data"), "--operators", OPERATORS_REF),
@@ -84,6 +94,20 @@ def test_serve_on_redis_survives_a_sigkilled_consumer(
             return None
 
     _until("the server to listen", listening)
+    return base
+
+
+def test_serve_on_redis_survives_a_sigkilled_consumer(
+    database_url: str,
+    redis_url: str,
+    tmp_path: Path,
+    processes: list[tuple[subprocess.Popen[bytes], IO[bytes]]],
+) -> None:
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    anyio.run(_deploy, database_url, markers)
+    anyio.run(_reset, redis_url)
+    base = _serve(database_url, redis_url, tmp_path, "serve", processes)
     workers = {}
     for name in ("w-a", "w-b"):
         worker = _spawn(worker_args(base, name, OPERATORS_REF), tmp_path / f"{name}.log")
@@ -129,3 +153,62 @@ def test_serve_on_redis_survives_a_sigkilled_consumer(
 
         added, _, _ = _until("every stream message to be acknowledged", nothing_pending)
         assert added >= 4  # three creations and the retry went through the stream
+
+
+def test_a_control_plane_killed_before_its_ack_runs_nothing_twice(
+    database_url: str,
+    redis_url: str,
+    tmp_path: Path,
+    processes: list[tuple[subprocess.Popen[bytes], IO[bytes]]],
+) -> None:
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    (markers / RELEASE).touch()  # the operator finishes at once
+    anyio.run(_deploy, database_url, markers)
+    anyio.run(_reset, redis_url)
+    first_base = _serve(database_url, redis_url, tmp_path, "serve-1", processes)
+    one_task = ["--max-tasks", "1"]
+
+    def trigger(base: str, key: str) -> uuid.UUID:
+        with httpx.Client(base_url=base, headers=AUTH, timeout=10) as api:
+            created = api.post("/internal/trigger", json={"job": "e2e/work", "key": key})
+            assert created.status_code == 200, created.text
+            return uuid.UUID(created.json()["task_id"])
+
+    first = trigger(first_base, "k1")
+    worker = _spawn(
+        [*worker_args(first_base, "w-1", OPERATORS_REF), *one_task], tmp_path / "w1.log"
+    )
+    processes.append(worker)
+    assert worker[0].wait(timeout=90) == 0, (tmp_path / "w1.log").read_text()
+    # Committed, and its message still pending: the control plane dies now.
+    assert anyio.run(_tasks, database_url)[first]["status"] == "Completed"
+    assert anyio.run(_redis_state, redis_url)[1] == 1
+    server = processes[0][0]
+    server.send_signal(signal.SIGKILL)
+    assert server.wait(timeout=30) == -signal.SIGKILL
+
+    second_base = _serve(database_url, redis_url, tmp_path, "serve-2", processes)
+    second = trigger(second_base, "k2")
+    again = _spawn(
+        [*worker_args(second_base, "w-1", OPERATORS_REF), *one_task], tmp_path / "w2.log"
+    )
+    processes.append(again)
+    assert again[0].wait(timeout=90) == 0, (tmp_path / "w2.log").read_text()
+
+    tasks = anyio.run(_tasks, database_url)
+    assert {t: (row["status"], row["attempt"]) for t, row in tasks.items()} == {
+        first: ("Completed", 1),
+        second: ("Completed", 1),
+    }
+    # The redelivered message was recognised and acknowledged, not run again.
+    assert sorted(p.name for p in markers.glob("started-*")) == sorted(
+        [f"started-{first}-1", f"started-{second}-1"]
+    )
+    # Only the second task's message is left: its worker exited before claiming again.
+    assert anyio.run(_pending_jobs, redis_url, "w-1") == [second]
+    with httpx.Client(base_url=second_base, headers=AUTH, timeout=10) as api:
+        body = {"worker_id": "w-1", "streams": [STREAM], "max_wait_ms": 0}
+        assert api.post("/internal/worker/claim", json=body).json()["claimed"] is False
+    added, pending, _ = anyio.run(_redis_state, redis_url)
+    assert (added, pending) == (2, 0)
