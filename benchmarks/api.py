@@ -121,8 +121,11 @@ async def _deploy(url: str) -> None:
         await repo.close()
 
 
-def _start_server(url: str, data_dir: Path, log_file: Path) -> tuple[subprocess.Popen[bytes], str]:
-    """``trace-lite serve`` on a free port, once it answers; its base URL."""
+def _start_server(
+    url: str, data_dir: Path, log_file: Path, extra: Sequence[str] = ()
+) -> tuple[subprocess.Popen[bytes], str]:
+    """``trace-lite serve`` (with ``extra`` arguments) on a free port, once it
+    answers; its base URL."""
     import httpx
 
     port = _free_port()
@@ -130,7 +133,7 @@ def _start_server(url: str, data_dir: Path, log_file: Path) -> tuple[subprocess.
     env = {**os.environ, "TRACE_INTERNAL_TOKEN": TOKEN, "PYTHONPATH": str(root)}
     command = [sys.executable, "-m", "trace_lite.cli", "serve", "--db", url]
     command += ["--port", str(port), "--data-dir", str(data_dir), "--log-level", "warning"]
-    command += ["--operators", OPERATORS_REF]
+    command += ["--operators", OPERATORS_REF, *extra]
     with log_file.open("wb") as out:
         server = subprocess.Popen(command, env=env, cwd=root, stdout=out, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"

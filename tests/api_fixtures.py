@@ -23,6 +23,7 @@ from trace_core.authoring.operators import OperatorRegistry, OperatorSpec
 from trace_core.clock import ManualClock
 from trace_core.dag import DeployResult, parse_dag
 from trace_core.dispatcher.service import Dispatcher
+from trace_core.ports import WakeupQueue
 from trace_core.storage import schema
 from trace_core.storage.sql import SqlRepository
 
@@ -126,10 +127,15 @@ class Api:
 
 @asynccontextmanager
 async def api_platform(
-    repo: SqlRepository, clock: ManualClock, *, config: ApiConfig | None = None
+    repo: SqlRepository,
+    clock: ManualClock,
+    *,
+    config: ApiConfig | None = None,
+    wakeups: WakeupQueue | None = None,
 ) -> AsyncIterator[Api]:
-    """Deploy :data:`DAG` on ``repo`` and serve the app through an in-process client."""
-    dispatcher = Dispatcher(repo, operators=OPERATORS, clock=clock)
+    """Deploy :data:`DAG` on ``repo`` and serve the app through an in-process client
+    (wake-ups on ``wakeups``, the in-process queue by default)."""
+    dispatcher = Dispatcher(repo, operators=OPERATORS, clock=clock, wakeups=wakeups)
     deployed = await dispatcher.deploy(parse_dag(DAG, operators=OPERATORS.names()))
     app = create_app(dispatcher, internal_token=TOKEN, config=config)
     transport = httpx.ASGITransport(app=app)

@@ -19,6 +19,7 @@ from tests.postgres_pool import PostgresServer
 from trace_core.clock import ManualClock
 from trace_core.storage.migrate import upgrade
 from trace_core.storage.sql import SqlRepository
+from trace_lite.redis_server import RedisServer, find_redis_server
 
 pytest_plugins = ["tests.spark_fixtures", "tests.cpu_report"]
 
@@ -35,6 +36,21 @@ def postgres_server() -> Iterator[PostgresServer]:
     server = PostgresServer()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    """A throwaway ``redis-server`` on loopback, one per test run (per xdist worker)."""
+    if find_redis_server() is None:
+        pytest.skip("redis-server is not installed (Debian package 'redis-server'; ./dev)")
+    with RedisServer() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def redis_url(redis_server: RedisServer) -> str:
+    """The URL of :func:`redis_server` (tests keep apart by key prefix)."""
+    return redis_server.url
 
 
 @pytest.fixture(scope="session")

@@ -212,6 +212,19 @@ def _serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
     )
+    parser.add_argument(
+        "--redis-url",
+        default=os.environ.get("TRACE_REDIS_URL") or None,
+        help="Redis (redis://host:port/db) carrying the v1 worker streams "
+        "(default $TRACE_REDIS_URL; none: claims read the database)",
+    )
+    parser.add_argument(
+        "--stream-idle-seconds",
+        type=float,
+        default=120.0,
+        help="with --redis-url: a stream message left pending this long by a worker "
+        "is taken over by another (a dead worker's; default 120, above the lease TTL)",
+    )
 
 
 def _serve(args: argparse.Namespace, db: StateDatabase) -> int:
@@ -228,6 +241,8 @@ def _serve(args: argparse.Namespace, db: StateDatabase) -> int:
         operators=args.operators,
         data_dir=str(db.data_dir),
         data_database_url=args.data_db,
+        redis_url=args.redis_url,
+        stream_idle_seconds=args.stream_idle_seconds,
     )
     serve(config, token)
     return 0

@@ -97,6 +97,11 @@ class ServeConfig:
     object store (``objects/``, for the query service) live."""
     data_database_url: str | None = None
     """The data database of buffered tables (``<data_dir>/data.db`` by default)."""
+    redis_url: str | None = None
+    """Redis for the v1 worker streams (:mod:`trace_lite.redis_streams`); without
+    it wake-ups stay in process and workers' claims read the database."""
+    stream_idle_seconds: float = 120.0
+    """A stream message pending this long at one worker is taken over by another."""
 
     @property
     def data_url(self) -> str:
@@ -208,6 +213,13 @@ async def _serve(
     from trace_lite.spark import SparkSessionProvider
 
     clock = SystemClock()
+    streams = None
+    if config.redis_url:
+        from trace_lite.redis_streams import RedisStreams
+
+        streams = RedisStreams.from_url(
+            config.redis_url, claim_idle_seconds=config.stream_idle_seconds
+        )
     repo = SqlRepository(config.database_url, EngineSettings(pool_size=_POOL))
     data = DataDatabase(config.data_url)
     # Started on the first query only: a server without queries never pays for a JVM.
@@ -216,7 +228,13 @@ async def _serve(
         await data.open()
         capabilities = capability_issuer(ring, repo, clock, DispatcherConfig().storage_root)
         # Built inside the event loop: the Dispatcher's services own loop-bound primitives.
-        dispatcher = Dispatcher(repo, operators=operators, clock=clock, capabilities=capabilities)
+        dispatcher = Dispatcher(
+            repo,
+            operators=operators,
+            clock=clock,
+            capabilities=capabilities,
+            wakeups=streams,
+        )
         sink = BufferSink(data, repo, [ALERT_SCHEMA], gateway=dispatcher.gateway, clock=clock)
         await serve_dispatcher(
             dispatcher,
@@ -237,3 +255,5 @@ async def _serve(
         await anyio.to_thread.run_sync(spark.stop)
         await data.close()
         await repo.close()
+        if streams is not None:
+            await streams.close()

@@ -19,26 +19,82 @@ LISTEN/NOTIFY across processes on Postgres), and looks again; it re-checks
 after ``recheck_seconds`` regardless, for what no notification announces
 (another process on SQLite, a concurrency slot freed by a completion).
 
-A client that disconnects while waiting is not noticed until the wait ends;
-a task claimed for it then simply expires and is retried by the reaper.
+With a stream transport (the Dispatcher's wake-up queue is a
+:class:`~trace_core.ports.StreamTransport`: Redis Streams, see
+:mod:`trace_lite.redis_streams`), step 1 reads the stream instead, as the
+consumer ``worker_id`` of the stream's consumer group, and the answer names
+the real message id (``source: "stream"``). A claim first *settles* what the
+worker already holds: its own pending messages, and those taken over
+(``XAUTOCLAIM``) from consumers idle too long (dead workers). Each message
+is decided by the database alone, through the claim it asks for:
+
+========================================  ======================================
+the claim of the message's job            the message
+========================================  ======================================
+granted                                   answered; stays pending while it runs
+completed, canceled, not found,           acknowledged (the job's fate is
+waiting for a retry (which sends a new    committed; redelivery could only be
+message)                                  refused)
+dead-lettered                             copied to the DLQ stream and
+                                          acknowledged, in one ``MULTI``
+already running                           a new message: acknowledged (a
+                                          duplicate); a pending one: kept until
+                                          the run ends
+at the job's concurrency limit            kept pending, tried again next claim
+========================================  ======================================
+
+Acknowledgement (decision): **the control plane acks on the worker's
+behalf**, never the worker. Workers speak HTTP only (the contract's "no
+inbound ports", and ``trace-lite worker`` is unchanged by the transport),
+so they hold no Redis connection or credentials; and an ack that follows
+the database guarantees the contract's rule ("acked only after the final
+state, or the requeue or dead-letter, committed") however the worker or the
+control plane dies: a completion commits, and the message is acked when
+the worker's next claim (or, if it died, another worker's takeover) finds
+the job finished. A control plane killed between its commit and the ack
+leaves the message pending; its redelivery asks for a claim the database
+refuses, so it is acknowledged without a second execution. ``ack: true`` in
+``complete``/``fail`` answers keeps the contract's meaning ("the message may
+be acknowledged"); the control plane does it.
+
+When the transport is unreachable the claim logs it and carries on with the
+database alone (step 2), and waits on the database notifications.
 """
 
 from __future__ import annotations
 
+import logging
 import uuid
+from collections.abc import Awaitable
 from dataclasses import dataclass
-from typing import Literal, Protocol, runtime_checkable
+from typing import Literal, Protocol, TypeVar, runtime_checkable
 
 import anyio
 
 from trace_core.dispatcher.control import ClaimedTask
 from trace_core.dispatcher.runtimes import RuntimeKind
 from trace_core.dispatcher.service import Dispatcher
-from trace_core.errors import InvalidInput
+from trace_core.errors import InvalidInput, NotFound
+from trace_core.model import NotClaimedReason
+from trace_core.ports import StreamMessage, StreamTransport, StreamTransportUnavailable
 from trace_core.storage.ports import RuntimeRoute
 from trace_core.tasks import TASKS_CHANNEL
 
 __all__ = ["StreamClaim", "StreamClaimer", "WakeupReceiver"]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# Claims refused for these reasons settle the message for good: acknowledge it.
+_SETTLED = frozenset(
+    {
+        NotClaimedReason.COMPLETED,
+        NotClaimedReason.CANCELED,
+        NotClaimedReason.NOT_FOUND,
+        NotClaimedReason.NOT_READY,
+    }
+)
 
 
 @runtime_checkable
@@ -61,8 +117,10 @@ class StreamClaim:
     """A claimed task, the stream it came from and how it was found."""
 
     stream: str
-    source: Literal["wakeup", "database"]
+    source: Literal["wakeup", "database", "stream"]
     claimed: ClaimedTask
+    message_id: str | None = None
+    """The transport's message id (``source == "stream"``), else ``None``."""
 
 
 class StreamClaimer:
@@ -115,10 +173,15 @@ class StreamClaimer:
         """The first task claimable from ``streams`` (priority order), waiting
         up to ``max_wait`` seconds for one; ``None`` if none came."""
         plan = [(s, self.matchers(s, f"streams[{i}]")) for i, s in enumerate(streams)]
+        transport = self.transport
         deadline = anyio.current_time() + max_wait
         # Subscribed before the first look: a task made claimable between the
         # look and the wait still wakes the wait.
         subscription = await self.dispatcher.repo.subscribe(TASKS_CHANNEL)
+        if transport is not None:
+            found = await self._settle(transport, worker_id, streams)
+            if found is not None:
+                return found
         while True:
             for stream, matchers in plan:
                 found = await self._claim_from(stream, matchers, worker_id)
@@ -127,14 +190,94 @@ class StreamClaimer:
             remaining = deadline - anyio.current_time()
             if remaining <= 0:
                 return None
-            await subscription.wait(min(remaining, self.recheck_seconds))
+            wait = min(remaining, self.recheck_seconds)
+            if transport is not None:
+                messages = await self._guarded(transport.read(worker_id, streams, wait=wait))
+                if messages is not None:
+                    found = await self._take_first(messages, worker_id, pending=False)
+                    if found is not None:
+                        return found
+                    continue
+            await subscription.wait(wait)
+
+    @property
+    def transport(self) -> StreamTransport | None:
+        """The Dispatcher's wake-up queue when it is a stream transport."""
+        wakeups = self.dispatcher.wakeups
+        return wakeups if isinstance(wakeups, StreamTransport) else None
+
+    async def _guarded(self, call: Awaitable[T]) -> T | None:
+        """``await call``; ``None`` (logged) when the transport is unreachable."""
+        try:
+            return await call
+        except StreamTransportUnavailable as exc:
+            log.warning("stream transport unavailable, claiming from the database: %s", exc)
+            return None
+
+    async def _settle(
+        self, transport: StreamTransport, worker_id: str, streams: list[str]
+    ) -> StreamClaim | None:
+        """Decide the messages ``worker_id`` holds (its own pending ones, and
+        those taken over from dead consumers); the first one whose job could be
+        claimed is answered, the rest stay pending until the next claim."""
+        own = await self._guarded(transport.pending(worker_id, streams)) or []
+        taken = await self._guarded(transport.take_over(worker_id, streams)) or []
+        # A takeover may return the worker's own messages too: decide each once.
+        unique = {(m.stream, m.message_id): m for m in [*own, *taken]}
+        return await self._take_first(list(unique.values()), worker_id, pending=True)
+
+    async def _take_first(
+        self, messages: list[StreamMessage], worker_id: str, *, pending: bool
+    ) -> StreamClaim | None:
+        """Claim the job of each message in turn until one is granted (see the
+        module docstring for what happens to the others)."""
+        transport = self.transport
+        assert transport is not None
+        settled: list[StreamMessage] = []
+        found: StreamClaim | None = None
+        for message in messages:
+            if found is not None:
+                break  # one job per claim: the rest stay pending for the next one
+            if message.job_id is None:
+                settled.append(message)
+                continue
+            reason = await self._reason_now(message.job_id) if pending else None
+            if reason is None or reason is NotClaimedReason.NOT_READY:
+                claimed = await self.dispatcher.control.claim(message.job_id, worker_id)
+                if claimed.outcome.claimed:
+                    found = StreamClaim(message.stream, "stream", claimed, message.message_id)
+                    continue
+                reason = claimed.outcome.reason
+            if reason is NotClaimedReason.DEAD_LETTERED:
+                await self._guarded(transport.dead_letter(message, str(reason)))
+            elif reason in _SETTLED or (reason is NotClaimedReason.ALREADY_RUNNING and not pending):
+                settled.append(message)
+        await self._guarded(transport.ack(settled))
+        return found
+
+    async def _reason_now(self, job_id: uuid.UUID) -> NotClaimedReason:
+        """Why the job could not be claimed now, from one read (``NOT_READY``
+        also for a queued job: only a claim tells). A pending message is most
+        often its worker's finished job: this read spares the claim attempt."""
+        leases = self.dispatcher.tasks.leases
+        try:
+            state = await leases.inspect(job_id)
+        except NotFound:
+            return NotClaimedReason.NOT_FOUND
+        return leases.refusal_reason(state)
 
     async def _claim_from(
         self, stream: str, matchers: list[Matcher], worker_id: str
     ) -> StreamClaim | None:
         control = self.dispatcher.control
         wakeups = self.dispatcher.wakeups
-        if isinstance(wakeups, WakeupReceiver):
+        transport = self.transport
+        if transport is not None:
+            messages = await self._guarded(transport.read(worker_id, [stream], wait=0))
+            found = await self._take_first(messages or [], worker_id, pending=False)
+            if found is not None:
+                return found
+        elif isinstance(wakeups, WakeupReceiver):
             for _ in range(self.wakeups_per_round):
                 received = await wakeups.receive(stream, max_messages=1, wait=0)
                 if not received:

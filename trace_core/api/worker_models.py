@@ -77,8 +77,11 @@ class WorkerClaimResponse(BaseModel):
     """``claimed`` and, when claimed, the lease and the payload snapshot.
 
     ``job_id`` is the task id; ``attempt_id`` its attempt number.
-    ``message_id`` is opaque (the delivery that found the job; ``source`` says
-    whether a wake-up or the database fallback did).
+    ``source`` says what found the job: ``stream`` (a stream transport
+    message: ``message_id`` is its real id, e.g. a Redis Streams id
+    ``1700000000000-0``), ``wakeup`` (the in-process queue) or ``database``
+    (the fallback); for the last two ``message_id`` is an opaque token, as
+    no transport message exists.
     """
 
     claimed: bool
@@ -88,7 +91,7 @@ class WorkerClaimResponse(BaseModel):
     lease_expires_at: datetime | None = None
     stream: str | None = None
     message_id: str | None = None
-    source: Literal["wakeup", "database"] | None = None
+    source: Literal["stream", "wakeup", "database"] | None = None
     payload: dict[str, Any] | None = None
     lease_ttl_seconds: float | None = None
     heartbeat_interval_seconds: float | None = None

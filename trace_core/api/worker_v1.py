@@ -137,7 +137,8 @@ def worker_router(dispatcher: Dispatcher, claimer: StreamClaimer, *, max_wait_ms
             lease_token=lease.lease_token,
             lease_expires_at=lease.expires_at,
             stream=found.stream,
-            message_id=f"{found.source}-{job_id}-{lease.attempt}",
+            # The transport's own id; a database-fallback claim has no message.
+            message_id=found.message_id or f"{found.source}-{job_id}-{lease.attempt}",
             source=found.source,
             payload=found.claimed.task,
             lease_ttl_seconds=ttl,
