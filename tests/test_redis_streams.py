@@ -118,6 +118,11 @@ async def test_claim_answers_the_real_message_id_and_acks_after_completion(
     assert claimed["job_id"] == str(task_id) and claimed["attempt_id"] == 1
     assert claimed["lease_token"] and claimed["payload"]["task_id"] == str(task_id)
     assert claimed["lease_ttl_seconds"] == 30.0 and claimed["heartbeat_interval_seconds"] == 10.0
+    # The attempt record names the message that delivered it.
+    async with api.dispatcher.repo.transaction() as tx:
+        record = await tx.attempts.find_by_number(task_id, 1)
+    assert record is not None
+    assert (record.stream, record.message_id) == (STREAM, message_id)
     # Pending while it runs: the database has not committed a final state yet.
     assert await streams.pending_count(STREAM) == 1
 

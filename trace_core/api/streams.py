@@ -244,8 +244,15 @@ class StreamClaimer:
             reason = await self._reason_now(message.job_id) if pending else None
             if reason is None or reason is NotClaimedReason.NOT_READY:
                 claimed = await self.dispatcher.control.claim(message.job_id, worker_id)
-                if claimed.outcome.claimed:
+                lease = claimed.outcome.lease
+                if lease is not None:
                     found = StreamClaim(message.stream, "stream", claimed, message.message_id)
+                    await self.dispatcher.control.record_transport(
+                        message.job_id,
+                        lease.attempt,
+                        stream=message.stream,
+                        message_id=message.message_id,
+                    )
                     continue
                 reason = claimed.outcome.reason
             if reason is NotClaimedReason.DEAD_LETTERED:

@@ -218,6 +218,18 @@ class TaskControl:
             raise NotFound(f"task {task_id} does not exist")
         return payloads[task_id]
 
+    async def record_transport(
+        self, task_id: uuid.UUID, attempt: int, *, stream: str, message_id: str
+    ) -> bool:
+        """Note on the attempt record which stream message delivered it (the v1
+        contract's ``stream``), while the attempt runs; whether it wrote. A
+        separate write after the claim: if it is lost, the attempt only lacks
+        the note."""
+        async with self.repo.transaction() as tx:
+            return await tx.attempts.set_transport_if_running(
+                task_id, attempt, stream=stream, message_id=message_id
+            )
+
     async def heartbeat(self, fence: Fence) -> datetime:
         """Extend the current attempt's lease by the job's heartbeat timeout;
         :class:`StaleClaim` if it is not current."""
