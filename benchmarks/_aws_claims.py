@@ -32,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
@@ -136,11 +137,14 @@ class ClaimBench:
         kms = boto3.client("kms", region_name=self.region, endpoint_url=self.endpoint)
         key = kms.create_key(KeySpec="ECC_NIST_P256", KeyUsage="SIGN_VERIFY")["KeyMetadata"]
         sqs = boto3.client("sqs", region_name=self.region, endpoint_url=self.endpoint)
-        self.dlq_url = sqs.create_queue(QueueName=f"{QUEUE}-dlq")["QueueUrl"]
+        # Queue names of their own: moto's state is per process, and another
+        # user of it in this process (a test) may hold the plain names.
+        name = f"{QUEUE}-{uuid.uuid4().hex[:8]}"
+        self.dlq_url = sqs.create_queue(QueueName=f"{name}-dlq")["QueueUrl"]
         arn = sqs.get_queue_attributes(QueueUrl=self.dlq_url, AttributeNames=["QueueArn"])
         redrive = {"deadLetterTargetArn": arn["Attributes"]["QueueArn"], "maxReceiveCount": "5"}
         self.queue_url = sqs.create_queue(
-            QueueName=QUEUE, Attributes={"RedrivePolicy": json.dumps(redrive)}
+            QueueName=name, Attributes={"RedrivePolicy": json.dumps(redrive)}
         )["QueueUrl"]
         return str(key["KeyId"])
 

@@ -248,6 +248,14 @@ def _requests(lease: dict[str, Any]) -> list[tuple[str, str, dict[str, Any], dic
         ),
         ("POST", "/v1/task/credentials", {"task_id": task, "attempt": attempt}, cap),
         ("POST", "/v1/task/query", {"task_id": task, "attempt": attempt, "sql": "SELECT 1"}, cap),
+        ("POST", "/v1/task/state/read", {"task_id": task, "attempt": attempt}, cap),
+        (
+            "POST",
+            "/v1/task/state/write",
+            {"task_id": task, "attempt": attempt, "state": {"probe": 1}, "expected_version": None},
+            cap,
+        ),
+        ("GET", "/internal/tasks/{task_id}", {}, AUTH),
     ]
 
 
@@ -286,7 +294,9 @@ def test_every_route_answers_503_while_postgres_is_down_and_the_server_recovers(
         answers: dict[str, tuple[int, Any, str | None]] = {}
         for method, path, body, headers in requests:
             if method == "GET":
-                response = api.get(path, params=body, headers=headers)
+                # a path template is filled with the lease's task id
+                filled = path.format(task_id=lease["job_id"])
+                response = api.get(filled, params=body, headers=headers)
             else:
                 response = api.post(path, json=body, headers=headers)
             answers[path] = (
