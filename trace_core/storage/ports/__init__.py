@@ -73,6 +73,7 @@ from trace_core.storage.ports.launch import (
     LaunchOps,
     StartableTask,
 )
+from trace_core.storage.ports.lineage import LineageOps, LineageRow, NewLineageEdge
 from trace_core.storage.ports.operator_state import (
     OperatorStateKey,
     OperatorStateOps,
@@ -167,6 +168,8 @@ __all__ = [
     "JournalOps",
     "JournalRecord",
     "LaunchOps",
+    "LineageOps",
+    "LineageRow",
     "LiveVersion",
     "LiveVersionJob",
     "NewDagVersion",
@@ -175,6 +178,7 @@ __all__ = [
     "NewEvent",
     "NewInboxJob",
     "NewJobEvent",
+    "NewLineageEdge",
     "OperatorStateKey",
     "OperatorStateOps",
     "OutputVersion",
