@@ -85,7 +85,8 @@ async def test_downstream_of_a_column_reaches_what_reads_it(
         (2, "alerts", "value", "tx_count"),
     }
     # a filter column decides every output row: everything downstream
-    assert (1, "range_aggregates", "*") in {(r.depth, r.output_name, r.output_column) for r in value}
+    wide = {(r.depth, r.output_name, r.output_column) for r in value}
+    assert (1, "range_aggregates", "*") in wide
     assert {(r.output_name, r.output_column) for r in value if r.depth == 2} >= {
         ("alerts", "value")
     }
@@ -98,7 +99,9 @@ async def test_a_new_version_replaces_the_recorded_lineage(
     jobs = await chain(repo, clock)
     async with repo.transaction() as tx:
         await tx.lineage.record(
-            ds("alerts"), jobs["alerts"], [NewLineageEdge("value", ds("range_aggregates"), "tx_count")]
+            ds("alerts"),
+            jobs["alerts"],
+            [NewLineageEdge("value", ds("range_aggregates"), "tx_count")],
         )
     async with repo.read() as tx:
         rows = await tx.lineage.upstream(ds("alerts"), max_depth=1)

@@ -14,7 +14,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from trace_core.storage import schema
-from trace_core.storage.ports.lineage import LineageRow, NewLineageEdge
+from trace_core.storage.ports.lineage import LineageRow, NewLineageEdge, TaskOutputs
 from trace_core.storage.sql_area import SqlArea
 
 __all__ = ["SqlLineageOps"]
@@ -68,6 +68,16 @@ class SqlLineageOps(SqlArea):
         ]
         if rows:
             await self._run("record column lineage", sa.insert(cl), rows)
+
+    async def task_outputs(self, task_id: uuid.UUID) -> TaskOutputs | None:
+        """See :meth:`~trace_core.storage.ports.lineage.LineageOps.task_outputs`."""
+        t, j = schema.tasks, schema.jobs
+        stmt = sa.select(j.c.id, j.c.output_datasets).join(t, t.c.job_id == j.c.id)
+        rows = await self._rows("task outputs", stmt.where(t.c.id == task_id))
+        if not rows:
+            return None
+        job_id, outputs = rows[0]
+        return TaskOutputs(job_id, tuple(uuid.UUID(str(o)) for o in outputs or ()))
 
     async def upstream(
         self, dataset: uuid.UUID, column: str | None = None, *, max_depth: int = 10

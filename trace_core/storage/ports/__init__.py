@@ -73,7 +73,12 @@ from trace_core.storage.ports.launch import (
     LaunchOps,
     StartableTask,
 )
-from trace_core.storage.ports.lineage import LineageOps, LineageRow, NewLineageEdge
+from trace_core.storage.ports.lineage import (
+    LineageOps,
+    LineageRow,
+    NewLineageEdge,
+    TaskOutputs,
+)
 from trace_core.storage.ports.operator_state import (
     OperatorStateKey,
     OperatorStateOps,
@@ -212,6 +217,7 @@ __all__ = [
     "TaskInput",
     "TaskListing",
     "TaskOps",
+    "TaskOutputs",
     "TimedOutAttempt",
     "Tombstone",
     "VersionPointer",

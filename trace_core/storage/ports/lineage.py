@@ -7,7 +7,7 @@ producing job. The table keeps no version: recording the lineage of a new
 version of a dataset (a rematerialization) replaces the previous version's,
 so the stored lineage is the latest committed version's. Indirect
 dependencies (filters, join keys, grouping) are stored with the output
-column ``*`` (:data:`trace_core.lineage.DATASET_WIDE`).
+column ``*`` (:data:`trace_core.dag.lineage.DATASET_WIDE`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-__all__ = ["LineageOps", "LineageRow", "NewLineageEdge"]
+__all__ = ["LineageOps", "LineageRow", "NewLineageEdge", "TaskOutputs"]
 
 
 @dataclass(frozen=True, order=True)
@@ -44,6 +44,14 @@ class LineageRow:
     job_id: uuid.UUID | None
 
 
+@dataclass(frozen=True)
+class TaskOutputs:
+    """A task's job and the datasets it produces, in output order."""
+
+    job_id: uuid.UUID
+    output_datasets: tuple[uuid.UUID, ...]
+
+
 class LineageOps(Protocol):
     """Writes and transitive reads of column lineage, inside one transaction."""
 
@@ -55,6 +63,10 @@ class LineageOps(Protocol):
     ) -> None:
         """Make ``edges`` the lineage of ``output_dataset`` (produced by ``job_id``),
         replacing what was recorded for it before."""
+        ...
+
+    async def task_outputs(self, task_id: uuid.UUID) -> TaskOutputs | None:
+        """The job of ``task_id`` and its output datasets; ``None`` for an unknown task."""
         ...
 
     async def upstream(
