@@ -42,6 +42,7 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _column(name: str, column: str) -> str:
+    # the output '*' holds what decides the rows (filters, joins, grouping)
     return f"{name}.{column}" if column != DATASET_WIDE else f"{name} (rows)"
 
 
@@ -49,7 +50,7 @@ def _table(rows: list[LineageRow]) -> list[str]:
     if not rows:
         return ["  (none recorded)"]
     body = [
-        (r.depth, _column(r.output_name, r.output_column), _column(r.input_name, r.input_column))
+        (r.depth, _column(r.output_name, r.output_column), f"{r.input_name}.{r.input_column}")
         for r in rows
     ]
     return ["  " + line for line in render_table(("depth", "output", "computed from"), body)]
