@@ -11,7 +11,7 @@ from factories import JobDef, build_dag, stable_id
 
 from trace_core.clock import ManualClock
 from trace_core.dispatcher.control import TaskControl
-from trace_core.errors import StaleClaim
+from trace_core.errors import InvalidInput, StaleClaim
 from trace_core.model import Fence
 from trace_core.storage import schema
 from trace_core.storage.protocol import NewTask
@@ -37,6 +37,12 @@ async def test_a_completion_records_its_outputs_lineage_and_a_stale_one_nothing(
     assert lease is not None
     lineage = [["total", str(ds("tx")), "value", "AGGREGATION"]]
     outputs = [{"rows": 3, "lineage": lineage}]
+
+    other = [{"lineage": [["total", str(ds("out")), "value", "AGGREGATION"]]}]
+    with pytest.raises(InvalidInput, match="not inputs of the job"):
+        await control.complete(
+            Fence(created.task_id, lease.attempt, lease.lease_token), outputs=other
+        )
 
     stale = Fence(created.task_id, lease.attempt, uuid.uuid4())
     with pytest.raises(StaleClaim):

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from trace_core.dag.lineage import take_lineage
+from trace_core.errors import InvalidInput
 from trace_core.storage.ports.lineage import NewLineageEdge
 from trace_core.storage.protocol import Transaction
 
@@ -31,7 +32,10 @@ async def record_output_lineage(
     tx: Transaction, task_id: uuid.UUID, outputs: Sequence[Mapping[str, Any]] | None
 ) -> Sequence[Mapping[str, Any]] | None:
     """Record the lineage in ``outputs`` of task ``task_id`` in ``tx``; the
-    outputs without it. An unknown task records nothing (its completion fails)."""
+    outputs without it. An unknown task records nothing (its completion fails).
+
+    Raises :class:`~trace_core.errors.InvalidInput` for malformed lineage or
+    an edge from a dataset the job does not read."""
     if not carries_lineage(outputs):
         return outputs
     task = await tx.lineage.task_outputs(task_id)
@@ -43,5 +47,10 @@ async def record_output_lineage(
             NewLineageEdge(e.output_column, uuid.UUID(e.input_dataset), e.input_column)
             for e in item.edges
         ]
+        # a worker names only datasets its job reads (never another org's)
+        foreign = {e.input_dataset for e in edges} - task.input_datasets
+        if foreign:
+            names = ", ".join(sorted(map(str, foreign)))
+            raise InvalidInput("outputs.lineage", f"datasets {names} are not inputs of the job")
         await tx.lineage.record(item.dataset_uuid, task.job_id, edges)
     return kept

@@ -72,12 +72,17 @@ class SqlLineageOps(SqlArea):
     async def task_outputs(self, task_id: uuid.UUID) -> TaskOutputs | None:
         """See :meth:`~trace_core.storage.ports.lineage.LineageOps.task_outputs`."""
         t, j = schema.tasks, schema.jobs
-        stmt = sa.select(j.c.id, j.c.output_datasets).join(t, t.c.job_id == j.c.id)
-        rows = await self._rows("task outputs", stmt.where(t.c.id == task_id))
+        stmt = sa.select(j.c.id, j.c.output_datasets, j.c.input_datasets)
+        stmt = stmt.join(t, t.c.job_id == j.c.id).where(t.c.id == task_id)
+        rows = await self._rows("task outputs", stmt)
         if not rows:
             return None
-        job_id, outputs = rows[0]
-        return TaskOutputs(job_id, tuple(uuid.UUID(str(o)) for o in outputs or ()))
+        job_id, outputs, inputs = rows[0]
+        return TaskOutputs(
+            job_id,
+            tuple(uuid.UUID(str(o)) for o in outputs or ()),
+            frozenset(uuid.UUID(str(i)) for i in inputs or ()),
+        )
 
     async def upstream(
         self, dataset: uuid.UUID, column: str | None = None, *, max_depth: int = 10

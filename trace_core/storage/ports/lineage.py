@@ -46,10 +46,11 @@ class LineageRow:
 
 @dataclass(frozen=True)
 class TaskOutputs:
-    """A task's job and the datasets it produces, in output order."""
+    """A task's job, the datasets it produces (in output order) and those it reads."""
 
     job_id: uuid.UUID
     output_datasets: tuple[uuid.UUID, ...]
+    input_datasets: frozenset[uuid.UUID]
 
 
 class LineageOps(Protocol):
@@ -66,7 +67,7 @@ class LineageOps(Protocol):
         ...
 
     async def task_outputs(self, task_id: uuid.UUID) -> TaskOutputs | None:
-        """The job of ``task_id`` and its output datasets; ``None`` for an unknown task."""
+        """The job of ``task_id`` and its datasets; ``None`` for an unknown task."""
         ...
 
     async def upstream(
