@@ -52,6 +52,17 @@ class SqlLineageOps(SqlArea):
     ) -> None:
         """See :meth:`~trace_core.storage.ports.lineage.LineageOps.record`."""
         cl = schema.column_lineage
+        wanted = {(e.output_column, e.input_dataset, e.input_column, job_id) for e in edges}
+        # Every partition of a version reports the same lineage: an unchanged
+        # set is only read, so repeated completions do not rewrite the rows.
+        have = await self._rows(
+            "read column lineage",
+            sa.select(
+                cl.c.output_column, cl.c.input_dataset_uuid, cl.c.input_column, cl.c.job_id
+            ).where(cl.c.output_dataset_uuid == output_dataset),
+        )
+        if {tuple(r) for r in have} == wanted:
+            return
         await self._run(
             "replace column lineage",
             sa.delete(cl).where(cl.c.output_dataset_uuid == output_dataset),

@@ -63,7 +63,7 @@ class LineageOps(Protocol):
         edges: Sequence[NewLineageEdge],
     ) -> None:
         """Make ``edges`` the lineage of ``output_dataset`` (produced by ``job_id``),
-        replacing what was recorded for it before."""
+        replacing what was recorded for it before (an unchanged set writes nothing)."""
         ...
 
     async def task_outputs(self, task_id: uuid.UUID) -> TaskOutputs | None:
