@@ -45,6 +45,7 @@ from trace_core.tasks import TaskQueue
 from trace_lite.cli_commands import Command, build_parser, in_event_loop, port, positive_int
 from trace_lite.demo import DemoConfig, run_demo
 from trace_lite.euterpe_cli import EUTERPE_COMMANDS, EUTERPE_GROUPS
+from trace_lite.lineage_cli import LINEAGE_COMMANDS
 from trace_lite.ops_commands import OPS_COMMANDS
 from trace_lite.state_database import StateDatabase, Use
 from trace_lite.status_commands import STATUS_COMMANDS
@@ -368,6 +369,7 @@ COMMANDS: tuple[Command, ...] = (
         _rollback_arguments,
     ),
     *STATUS_COMMANDS,
+    *LINEAGE_COMMANDS,
     *OPS_COMMANDS,
     Command(
         ("run",),

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from trace_core.authoring.events import AcceptResult, DatasetEvent
 from trace_core.clock import Clock, SystemClock
+from trace_core.dag.lineage_record import carries_lineage, record_output_lineage
 from trace_core.dispatcher.bounded import BoundedMemo
 from trace_core.dispatcher.concurrency import JobLimits
 from trace_core.dispatcher.events import EventGateway, Producer
@@ -305,7 +306,7 @@ class TaskControl:
         ``result`` (artifact pointers, timings, outputs ...) is kept on the
         attempt's record, in the transaction of the completion.
         """
-        if not events and result is None:
+        if not events and result is None and not carries_lineage(outputs):
             await self.tasks.complete(fence, outputs=outputs)
             accepted = AcceptResult([], 0, 0)
         else:
@@ -316,6 +317,8 @@ class TaskControl:
                     )
                 else:
                     accepted = AcceptResult([], 0, 0)
+                # column lineage reported in outputs[i]["lineage"] commits with the output
+                outputs = await record_output_lineage(tx, _task_id(fence), outputs)
                 await self.tasks.complete(fence, outputs=outputs, tx=tx)
                 if result is not None:
                     await tx.attempts.set_result_if_ended(

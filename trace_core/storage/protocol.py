@@ -28,6 +28,7 @@ from trace_core.storage.ports.inbox import InboxOps
 from trace_core.storage.ports.inbox_credentials import InboxCredentialOps
 from trace_core.storage.ports.job_states import JobStateOps
 from trace_core.storage.ports.journal import JournalOps
+from trace_core.storage.ports.lineage import LineageOps
 from trace_core.storage.ports.operator_state import OperatorStateOps
 from trace_core.storage.ports.payload import PayloadOps
 from trace_core.storage.ports.reaper import ReaperOps
@@ -145,6 +146,11 @@ class Transaction(Protocol):
     @property
     def attempts(self) -> AttemptOps:
         """Task attempts as records (opened by claims, closed by the protocol's writes)."""
+        ...
+
+    @property
+    def lineage(self) -> LineageOps:
+        """Column lineage per output dataset, read up- and downstream."""
         ...
 
     @property

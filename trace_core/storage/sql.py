@@ -53,6 +53,7 @@ from trace_core.storage.sql_leasing import (
     finishable,
     status_in,
 )
+from trace_core.storage.sql_lineage import SqlLineageOps
 from trace_core.storage.sql_operator_state import SqlOperatorStateOps
 from trace_core.storage.sql_payload import SqlPayloadOps
 from trace_core.storage.sql_reaper import SqlReaperOps
@@ -269,6 +270,11 @@ class SqlTransaction:
     def attempts(self) -> SqlAttemptOps:
         """Task attempts as records (:mod:`~trace_core.storage.sql_attempts`)."""
         return SqlAttemptOps(self)
+
+    @functools.cached_property
+    def lineage(self) -> SqlLineageOps:
+        """Column lineage (:mod:`~trace_core.storage.sql_lineage`)."""
+        return SqlLineageOps(self)
 
     # --- ownership protocol -------------------------------------------------
 

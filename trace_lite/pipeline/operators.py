@@ -46,9 +46,11 @@ from trace_core.authoring.events import DatasetEvent
 from trace_core.authoring.operators import OperatorSpec
 from trace_core.authoring.state import OperatorStateAccess, StateConflict
 from trace_core.dag.coverage import Coverage, covers
+from trace_core.dag.lineage import DATASET_WIDE, ColumnEdge, merge_edges
 from trace_core.dispatcher.buffer import DatasetBuffer
 from trace_core.errors import InvalidInput
 from trace_lite.buffered import RecordSchema
+from trace_lite.lineage import declared_output_lineage, spark_output_lineage
 from trace_lite.object_store import LocalObjectStore, ScopedObjectStore
 from trace_lite.pipeline.chain import SyntheticChain
 from trace_lite.pipeline.cryo import partition_ranges, partition_uri
@@ -59,6 +61,7 @@ __all__ = [
     "ALERT_SCHEMA",
     "AlertRule",
     "PipelineRuntime",
+    "alert_lineage",
     "alert_rules",
     "pipeline_operators",
 ]
@@ -336,20 +339,24 @@ def range_aggregator(runtime: PipelineRuntime, ctx: TaskContext) -> OperatorResu
     store = _scoped(runtime, ctx)
     start, end = _unit(ctx.inputs[0], "inputs[0]")
     spark = runtime.spark.get()
-    frames = []
+    frames, read = [], {}
     for i, item in enumerate(ctx.inputs):
         if _unit(item, f"inputs[{i}]") != (start, end):
             raise OperatorError("inputs cover different block ranges", retryable=False)
         name, location = _named(item, f"inputs[{i}]")
         path = store.local_path(partition_uri(location, name, start, end), "read")
-        frame = spark.read.parquet(str(path))
+        frame = read[name] = spark.read.parquet(str(path))
         if where := item.get("where"):
             frame = frame.where(parse_where(where, field=f"inputs[{i}].where").sql)
         frames.append(frame)
     (name, location), output = _named(ctx.outputs[0], "outputs[0]"), ctx.outputs[0]
     destination = store.local_path(partition_uri(location, name, start, end), "write")
     ctx.check()
-    rows = commit_parquet(aggregate_blocks(frames[0], frames[1]), destination)
+    aggregates = aggregate_blocks(frames[0], frames[1])
+    rows = commit_parquet(aggregates, destination)
+    lineage = spark_output_lineage(
+        aggregates, read, job=ctx.job, output_entry=output, inputs=ctx.inputs
+    )
     _update_state(runtime, ctx, AGGREGATOR_STATE, lambda s: _record_range(s, start, end, rows))
     event = DatasetEvent(
         _uuid(output, "dataset_uuid"),
@@ -358,7 +365,10 @@ def range_aggregator(runtime: PipelineRuntime, ctx: TaskContext) -> OperatorResu
         start=start,
         end=end,
     )
-    return OperatorResult(events=[event], outputs=[{"rows": rows, "range": [start, end]}])
+    result: dict[str, Any] = {"rows": rows, "range": [start, end]}
+    if lineage is not None:
+        result["lineage"] = lineage
+    return OperatorResult(events=[event], outputs=[result])
 
 
 def _record_range(state: dict[str, Any], start: int, end: int, rows: int) -> dict[str, Any]:
@@ -423,9 +433,11 @@ def alert_evaluate(runtime: PipelineRuntime, ctx: TaskContext) -> OperatorResult
     start, end = _unit(item, "inputs[0]")
     name, location = _named(item, "inputs[0]")
     table = pq.read_table(store.local_path(partition_uri(location, name, start, end), "read"))
-    if where := item.get("where"):
+    where = item.get("where")
+    if where:
         table = table.filter(parse_where(where, field="inputs[0].where").to_arrow())
     records = alert_records(table, rules, f"{start}-{end}")
+    lineage = declared_output_lineage(ctx.config, ctx.inputs, alert_lineage(name, rules, where))
     dataset = _uuid(ctx.outputs[0], "dataset_uuid")
     for k in range(0, len(records), _PUBLISH_CHUNK):
         ctx.check()
@@ -438,7 +450,28 @@ def alert_evaluate(runtime: PipelineRuntime, ctx: TaskContext) -> OperatorResult
             schema_hash=ALERT_SCHEMA.schema_hash,
         )
         anyio.from_thread.run(publish)
-    return OperatorResult(outputs=[{"alerts": len(records)}])
+    return OperatorResult(outputs=[{"alerts": len(records), "lineage": lineage}])
+
+
+def alert_lineage(
+    source: str, rules: Sequence[AlertRule], where: str | None = None
+) -> list[ColumnEdge]:
+    """What ``alert_evaluate`` computes each alert column from (declared in
+    code: the operator is not Spark): ``value`` is the rule's metric, the
+    block and the dedupe key come from ``block_number``; which rows exist is
+    decided by the metrics against their thresholds and by the input's
+    ``where``. The other columns are constants of the rules."""
+    edges = [
+        ColumnEdge("block_number", source, "block_number", "IDENTITY"),
+        ColumnEdge("dedupe_key", source, "block_number", "TRANSFORMATION"),
+    ]
+    for rule in rules:
+        edges.append(ColumnEdge("value", source, rule.metric, "IDENTITY"))
+        edges.append(ColumnEdge(DATASET_WIDE, source, rule.metric, "FILTER"))
+    if where:
+        for column in parse_where(where, field="inputs[0].where").columns:
+            edges.append(ColumnEdge(DATASET_WIDE, source, column, "FILTER"))
+    return merge_edges(edges)
 
 
 def pipeline_operators(runtime: PipelineRuntime) -> list[OperatorSpec]:

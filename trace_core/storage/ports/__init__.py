@@ -73,6 +73,12 @@ from trace_core.storage.ports.launch import (
     LaunchOps,
     StartableTask,
 )
+from trace_core.storage.ports.lineage import (
+    LineageOps,
+    LineageRow,
+    NewLineageEdge,
+    TaskOutputs,
+)
 from trace_core.storage.ports.operator_state import (
     OperatorStateKey,
     OperatorStateOps,
@@ -167,6 +173,8 @@ __all__ = [
     "JournalOps",
     "JournalRecord",
     "LaunchOps",
+    "LineageOps",
+    "LineageRow",
     "LiveVersion",
     "LiveVersionJob",
     "NewDagVersion",
@@ -175,6 +183,7 @@ __all__ = [
     "NewEvent",
     "NewInboxJob",
     "NewJobEvent",
+    "NewLineageEdge",
     "OperatorStateKey",
     "OperatorStateOps",
     "OutputVersion",
@@ -208,6 +217,7 @@ __all__ = [
     "TaskInput",
     "TaskListing",
     "TaskOps",
+    "TaskOutputs",
     "TimedOutAttempt",
     "Tombstone",
     "VersionPointer",
