@@ -82,6 +82,11 @@ from trace_core.storage.ports.payload import (
     PayloadOps,
     VersionPointer,
 )
+from trace_core.storage.ports.people import (
+    OrgRoleRecord,
+    PeopleOps,
+    UserRecord,
+)
 from trace_core.storage.ports.reaper import (
     HeldLease,
     ReaperOps,
@@ -177,8 +182,10 @@ __all__ = [
     "NewJobEvent",
     "OperatorStateKey",
     "OperatorStateOps",
+    "OrgRoleRecord",
     "OutputVersion",
     "PayloadOps",
+    "PeopleOps",
     "Pointers",
     "ProducerAttempt",
     "ProgressFold",
@@ -210,6 +217,7 @@ __all__ = [
     "TaskOps",
     "TimedOutAttempt",
     "Tombstone",
+    "UserRecord",
     "VersionPointer",
     "VersionProgress",
     "Wakeup",
