@@ -46,6 +46,7 @@ from trace_lite.cli_commands import Command, build_parser, in_event_loop, port, 
 from trace_lite.demo import DemoConfig, run_demo
 from trace_lite.euterpe_cli import EUTERPE_COMMANDS, EUTERPE_GROUPS
 from trace_lite.ops_commands import OPS_COMMANDS
+from trace_lite.people_cli import PEOPLE_COMMANDS, PEOPLE_GROUPS
 from trace_lite.state_database import StateDatabase, Use
 from trace_lite.status_commands import STATUS_COMMANDS
 
@@ -316,6 +317,7 @@ _GROUPS = {
     "db": "database schema",
     "dag": "validate, deploy and roll back DAG files",
     **EUTERPE_GROUPS,
+    **PEOPLE_GROUPS,
 }
 
 COMMANDS: tuple[Command, ...] = (
@@ -395,6 +397,7 @@ COMMANDS: tuple[Command, ...] = (
         description="The ownership protocol alone, printed as it happens. " + _START_RULE,
     ),
     *EUTERPE_COMMANDS,
+    *PEOPLE_COMMANDS,
 )
 """Every ``trace-lite`` subcommand, in ``--help`` order."""
 

@@ -109,6 +109,23 @@ class PeopleService:
         assert found is not None
         return found
 
+    async def operator(self, org_slug: str) -> Caller:
+        """The deployment's operator acting as ``org_slug``'s admin (the lite CLI).
+
+        Not a user: whoever can open the state database already holds every
+        power over it; this only keeps the CLI on the same org-scoped paths.
+        """
+        org_id = await self.org_id(org_slug)
+        return Caller(
+            user_id=uuid.UUID(int=0),
+            org_id=org_id,
+            org_slug=org_slug,
+            external_id="operator",
+            email=None,
+            role=PlatformRole.ADMIN,
+            org_roles=(),
+        )
+
     async def org_id(self, org_slug: str) -> uuid.UUID:
         """The id of org ``org_slug``; :class:`NotFound` if there is none."""
         async with self._repo.read() as tx:
@@ -116,6 +133,14 @@ class PeopleService:
         if found is None:
             raise NotFound(f"no org {org_slug!r}")
         return found
+
+    async def me(self, caller: Caller) -> UserRecord:
+        """The caller's own user record (any platform role)."""
+        async with self._repo.read() as tx:
+            user = await tx.people.get_user(caller.org_id, caller.user_id)
+        if user is None:
+            raise UnknownPerson("the caller's user no longer exists")
+        return user
 
     # --- users --------------------------------------------------------------
 
