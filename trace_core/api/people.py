@@ -10,8 +10,8 @@ role that may not is 403; another org's object is 404, as if it did not
 exist (:mod:`trace_core.people`).
 """
 
-from __future__ import annotations
-
+# No ``from __future__ import annotations``: the routes' ``Who`` dependency is a
+# local alias, which FastAPI could not resolve from a string annotation.
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
