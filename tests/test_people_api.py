@@ -99,6 +99,9 @@ async def test_me_and_what_401_means(repo: SqlRepository, clock: ManualClock) ->
             assert answer.status_code == 401, headers
             assert answer.json()["error"] == "unauthorized"
             assert answer.headers["WWW-Authenticate"].startswith("Bearer")
+        # nothing is learnt without a person's token, not even which paths exist
+        for path in ("/v1/users/x/y/z", "/v1/datasets/any/thing"):
+            assert (await p.client.get(path)).status_code == 401
         # a person's token opens no internal route, the internal token still does
         assert (await p.client.get("/healthz", headers=await p.auth("alice"))).status_code == 401
         assert (

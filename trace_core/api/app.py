@@ -35,7 +35,7 @@ from trace_core.api.fields import MAX_WAIT_MS
 from trace_core.api.internal import internal_router
 from trace_core.api.limits import BodyLimit
 from trace_core.api.ops import health_router, ops_router
-from trace_core.api.people import PEOPLE_PREFIXES, PeopleApi, people_router
+from trace_core.api.people import PEOPLE_PREFIXES, PeopleApi, PeopleAuth, people_router
 from trace_core.api.query import QueryService, query_router
 from trace_core.api.streams import StreamClaimer
 from trace_core.api.task_attempts import attempts_router
@@ -178,7 +178,8 @@ def create_app(
         )
         public_prefixes = (TASK_PREFIX,)
     if people is not None:
-        public_prefixes += PEOPLE_PREFIXES  # each route there demands a person's token
+        app.add_middleware(PeopleAuth, people=people, prefixes=PEOPLE_PREFIXES)
+        public_prefixes += PEOPLE_PREFIXES  # PeopleAuth demands a person's token there
     app.add_middleware(InternalAuth, token=internal_token, public_prefixes=public_prefixes)
     app.openapi = _openapi(app)  # type: ignore[method-assign]
     return app

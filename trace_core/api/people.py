@@ -3,15 +3,17 @@
 Authorized by a person's bearer JWT from the configured identity provider
 (:class:`~trace_core.security.people_tokens.PeopleTokenVerifier`), mapped to
 an enabled user by ``sub`` = ``users.external_id``; never by the internal
-token, which does not open these paths (their prefixes are public to
-:class:`~trace_core.api.auth.InternalAuth` and every route here depends on
-:func:`caller`). A missing, bad or unknown person's token is 401; a platform
-role that may not is 403; another org's object is 404, as if it did not
-exist (:mod:`trace_core.people`).
+token, which does not open these paths: their prefixes are public to
+:class:`~trace_core.api.auth.InternalAuth`, and :class:`PeopleAuth`, the
+middleware in front of routing, demands and checks a person's token for
+exactly those paths (so, as with the internal token, an anonymous client
+learns nothing, not even which paths exist). A missing, bad or unknown
+person's token is 401; a platform role that may not is 403; another org's
+object is 404, as if it did not exist (:mod:`trace_core.people`).
 """
 
-# No ``from __future__ import annotations``: the routes' ``Who`` dependency is a
-# local alias, which FastAPI could not resolve from a string annotation.
+from __future__ import annotations
+
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -21,9 +23,10 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, Field
-from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Receive, Scope, Send
 
-from trace_core.api.errors import ERROR_RESPONSES, Forbidden, answer_doc
+from trace_core.api.auth import route_path
+from trace_core.api.errors import ERROR_RESPONSES, Forbidden, answer_doc, error_response
 from trace_core.api.fields import Name
 from trace_core.api.fields import Request as RequestBody
 from trace_core.people.access import Caller, NotAllowed, PlatformRole, UnknownPerson
@@ -32,11 +35,13 @@ from trace_core.security.claims import InvalidCapability
 from trace_core.security.people_tokens import PeopleTokenVerifier
 from trace_core.storage.ports.people import OrgRoleRecord, UserRecord
 
-__all__ = ["PEOPLE_PREFIXES", "PeopleApi", "people_router"]
+__all__ = ["PEOPLE_PREFIXES", "PeopleApi", "PeopleAuth", "people_router"]
 
 PEOPLE_PREFIXES = ("/v1/me", "/v1/users", "/v1/org-roles", "/v1/datasets/")
 """Paths authorized by a person's token (and never by the internal one)."""
 _REALM = 'Bearer realm="trace-people"'
+_STATE_KEY = "trace_person"
+_NEED_TOKEN = "a person's 'Authorization: Bearer <token>' header is required"
 
 
 @dataclass(frozen=True)
@@ -115,8 +120,80 @@ def _role(record: OrgRoleRecord) -> RoleOut:
     return RoleOut(slug=record.slug, name=record.name, members=record.members)
 
 
-def _unauthorized(reason: str) -> StarletteHTTPException:
-    return StarletteHTTPException(401, detail=reason, headers={"WWW-Authenticate": _REALM})
+class PersonRefused(Exception):
+    """A request under the people prefixes without an acceptable person's token."""
+
+    def __init__(self, reason: str, status: int = 401) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.status = status
+
+
+def _bearer(scope: Scope) -> str:
+    values: list[bytes] = [v for k, v in scope.get("headers", ()) if k == b"authorization"]
+    if len(values) != 1:
+        raise PersonRefused(_NEED_TOKEN)  # none, or ambiguous
+    scheme, _, token = values[0].decode("latin-1").strip().partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise PersonRefused(_NEED_TOKEN)
+    return token.strip()
+
+
+async def _authenticate(people: PeopleApi, scope: Scope) -> Caller:
+    try:
+        claims = await people.verifier.verify(_bearer(scope))
+        return await people.service.authenticate(claims)
+    except InvalidCapability as exc:
+        if exc.reason == "jwks_unavailable":
+            raise PersonRefused("the issuer's keys are unavailable; retry later", 503) from None
+        raise PersonRefused(f"the bearer token was refused ({exc.reason})") from None
+    except UnknownPerson:
+        raise PersonRefused("the bearer token was refused (unknown_user)") from None
+
+
+class PeopleAuth:
+    """ASGI middleware: requests under the people prefixes need a person's valid token.
+
+    The caller is attached to the request for :func:`person`; every refusal
+    is answered here, before routing: 401 (``WWW-Authenticate: Bearer``), or
+    503 when the issuer's JWKS cannot be fetched.
+    """
+
+    def __init__(
+        self, app: ASGIApp, *, people: PeopleApi, prefixes: tuple[str, ...] = PEOPLE_PREFIXES
+    ) -> None:
+        self.app = app
+        self._people = people
+        self._prefixes = prefixes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Authenticate a people request; pass every other request on."""
+        if scope["type"] != "http" or not route_path(scope).startswith(self._prefixes):
+            await self.app(scope, receive, send)
+            return
+        try:
+            caller = await _authenticate(self._people, scope)
+        except PersonRefused as refused:
+            headers = {"WWW-Authenticate": _REALM} if refused.status == 401 else {}
+            error = "unauthorized" if refused.status == 401 else "unavailable"
+            response = error_response(refused.status, error, refused.reason, headers=headers)
+            await response(scope, receive, send)
+            return
+        scope.setdefault("state", {})[_STATE_KEY] = caller
+        await self.app(scope, receive, send)
+
+
+def person(request: Request) -> Caller:
+    """The caller :class:`PeopleAuth` attached to this request."""
+    caller = request.scope.get("state", {}).get(_STATE_KEY)
+    if not isinstance(caller, Caller):
+        # Only reachable if the router was mounted without the middleware.
+        raise Forbidden("unauthenticated", _NEED_TOKEN)
+    return caller
+
+
+Who = Annotated[Caller, Depends(person)]
+"""A route parameter receiving the request's authenticated person."""
 
 
 @asynccontextmanager
@@ -138,26 +215,6 @@ def people_router(people: PeopleApi) -> APIRouter:
     """The people routes over ``people`` (see the module docstring)."""
     service = people.service
 
-    async def caller(request: Request) -> Caller:
-        values = request.headers.getlist("authorization")
-        if len(values) != 1:
-            raise _unauthorized("a person's 'Authorization: Bearer <token>' header is required")
-        scheme, _, token = values[0].strip().partition(" ")
-        if scheme.lower() != "bearer" or not token.strip():
-            raise _unauthorized("a person's 'Authorization: Bearer <token>' header is required")
-        try:
-            claims = await people.verifier.verify(token.strip())
-            return await service.authenticate(claims)
-        except InvalidCapability as exc:
-            if exc.reason == "jwks_unavailable":
-                raise StarletteHTTPException(
-                    503, detail="the issuer's keys are unavailable"
-                ) from None
-            raise _unauthorized(f"the bearer token was refused ({exc.reason})") from None
-        except UnknownPerson:
-            raise _unauthorized("the bearer token was refused (unknown_user)") from None
-
-    Who = Annotated[Caller, Depends(caller)]
     router = APIRouter(prefix="/v1", tags=["people"], responses=ERROR_RESPONSES)
 
     @router.get("/me", response_model=MeOut)
