@@ -21,14 +21,22 @@ from hypothesis import strategies as st
 
 from tests.api_fixtures import DAG, OPERATORS, TOKEN
 from trace_core.api import create_app
+from trace_core.api.people import PeopleApi
 from trace_core.clock import ManualClock, SystemClock
 from trace_core.dag import parse_dag
 from trace_core.dispatcher.service import Dispatcher
 from trace_core.people import PeopleService, PlatformRole
-from trace_core.security import KeyRing, PrivateKeySigner
+from trace_core.security import JwksCache, KeyRing, PrivateKeySigner
+from trace_core.security.people_tokens import PeopleTokenVerifier
 from trace_core.storage.sql import SqlRepository
 from trace_lite.cli import main as trace_lite
-from trace_lite.people_keys import issue_person_token, open_people_keys, people_api
+from trace_lite.people_keys import (
+    LOCAL_AUDIENCE,
+    LOCAL_ISSUER,
+    issue_person_token,
+    open_people_keys,
+    people_api,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -293,3 +301,25 @@ async def test_trace_lite_token_opens_v1_me(
         await repo.close()
     assert me.status_code == 200, me.text
     assert (me.json()["external_id"], me.json()["role"]) == ("ada", "reader")
+
+
+async def test_an_unreachable_issuer_is_503(repo: SqlRepository, clock: ManualClock) -> None:
+    async def down() -> dict[str, Any]:
+        raise OSError("connection refused")
+
+    dispatcher = Dispatcher(repo, operators=OPERATORS, clock=clock)
+    service = PeopleService(repo, clock)
+    verifier = PeopleTokenVerifier(
+        JwksCache(down, clock), issuer=LOCAL_ISSUER, audience=LOCAL_AUDIENCE, clock=clock
+    )
+    app = create_app(
+        dispatcher, internal_token=TOKEN, people=PeopleApi(verifier=verifier, service=service)
+    )
+    ring = KeyRing(clock)
+    ring.bootstrap(PrivateKeySigner.generate())
+    token = await issue_person_token(ring, "ada", clock)
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://trace.test"
+    ) as client:
+        answer = await client.get("/v1/me", headers={"Authorization": f"Bearer {token}"})
+    assert (answer.status_code, answer.json()["error"]) == (503, "unavailable")

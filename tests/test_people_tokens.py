@@ -113,6 +113,10 @@ async def test_unknown_kid_and_tampered_payload(clock: ManualClock) -> None:
     other = PrivateKeySigner.generate()
     unknown = await sign_jws(other, {"alg": "ES256", "typ": "JWT", "kid": other.kid}, idp.claims())
     assert await _refused(idp.verifier, unknown) == "unknown_kid"
+    fetches = idp.cache.fetches
+    for _ in range(20):  # a flood of unknown kids costs no more fetches within the interval
+        assert await _refused(idp.verifier, unknown) == "unknown_kid"
+    assert idp.cache.fetches == fetches
     # another key claiming the published kid
     spoofed = await sign_jws(
         other, {"alg": "ES256", "typ": "JWT", "kid": idp.signer.kid}, idp.claims()
@@ -194,3 +198,14 @@ async def test_local_issuer_round_trip_and_ttl_bounds(clock: ManualClock) -> Non
     for ttl in (0, 3601):
         with pytest.raises(ConfigurationError, match="--ttl"):
             await issue_person_token(ring, "alice", clock, ttl_seconds=ttl)
+
+
+async def test_an_unreachable_jwks_is_retryable_not_a_refusal(clock: ManualClock) -> None:
+    idp = Issuer(clock)
+    token = await idp.token()
+
+    async def down() -> dict[str, Any]:
+        raise OSError("connection refused")
+
+    verifier = PeopleTokenVerifier(JwksCache(down, clock), issuer=ISS, audience=AUD, clock=clock)
+    assert await _refused(verifier, token) == "jwks_unavailable"
