@@ -47,6 +47,7 @@ from trace_lite.demo import DemoConfig, run_demo
 from trace_lite.euterpe_cli import EUTERPE_COMMANDS, EUTERPE_GROUPS
 from trace_lite.lineage_cli import LINEAGE_COMMANDS
 from trace_lite.ops_commands import OPS_COMMANDS
+from trace_lite.people_cli import PEOPLE_COMMANDS, PEOPLE_GROUPS
 from trace_lite.state_database import StateDatabase, Use
 from trace_lite.status_commands import STATUS_COMMANDS
 
@@ -332,6 +333,7 @@ _GROUPS = {
     "db": "database schema",
     "dag": "validate, deploy and roll back DAG files",
     **EUTERPE_GROUPS,
+    **PEOPLE_GROUPS,
 }
 
 COMMANDS: tuple[Command, ...] = (
@@ -412,6 +414,7 @@ COMMANDS: tuple[Command, ...] = (
         description="The ownership protocol alone, printed as it happens. " + _START_RULE,
     ),
     *EUTERPE_COMMANDS,
+    *PEOPLE_COMMANDS,
 )
 """Every ``trace-lite`` subcommand, in ``--help`` order."""
 

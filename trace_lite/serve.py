@@ -190,8 +190,11 @@ def serve(config: ServeConfig, token: str) -> None:
     clock = SystemClock()
     # Disk work before the event loop starts: key files, created on first use.
     ring = open_signing_keys(config.data_dir, clock)
+    from trace_lite.people_keys import open_people_keys
+
+    people_ring = open_people_keys(config.data_dir, clock)
     minter_key = read_minter_key(config.data_dir)
-    anyio.run(_serve, config, token, operators, ring, minter_key)
+    anyio.run(_serve, config, token, operators, ring, minter_key, people_ring)
 
 
 async def _serve(
@@ -200,6 +203,7 @@ async def _serve(
     operators: OperatorRegistry,
     ring: KeyRing,
     minter_key: bytes,
+    people_ring: KeyRing | None = None,
 ) -> None:
 
     from trace_core.api.serving import serve_dispatcher
@@ -208,6 +212,7 @@ async def _serve(
     from trace_core.storage.engine import EngineSettings
     from trace_core.storage.sql import SqlRepository
     from trace_lite.buffered import BufferSink, DataDatabase, SqlDatasetBuffer
+    from trace_lite.people_keys import people_api
     from trace_lite.pipeline.operators import ALERT_SCHEMA
     from trace_lite.query_service import SparkQueryService
     from trace_lite.spark import SparkSessionProvider
@@ -250,6 +255,7 @@ async def _serve(
             query=SparkQueryService(
                 spark, Path(config.data_dir) / "objects", data=data, state=repo
             ),
+            people=people_api(repo, clock, ring=people_ring),
         )
     finally:
         await anyio.to_thread.run_sync(spark.stop)

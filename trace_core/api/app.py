@@ -35,6 +35,7 @@ from trace_core.api.fields import MAX_WAIT_MS
 from trace_core.api.internal import internal_router
 from trace_core.api.limits import BodyLimit
 from trace_core.api.ops import health_router, ops_router
+from trace_core.api.people import PEOPLE_PREFIXES, PeopleApi, PeopleAuth, people_router
 from trace_core.api.query import QueryService, query_router
 from trace_core.api.streams import StreamClaimer
 from trace_core.api.task_attempts import attempts_router
@@ -53,6 +54,7 @@ log = logging.getLogger("trace_core.api")
 
 _BEARER = "internalBearer"
 _CAPABILITY = "taskCapability"
+_PERSON = "personBearer"
 
 
 @dataclass(frozen=True)
@@ -97,6 +99,7 @@ def create_app(
     buffer: DatasetBuffer | None = None,
     query: QueryService | None = None,
     on_dispatcher_failure: Callable[[BaseException], None] | None = None,
+    people: PeopleApi | None = None,
 ) -> FastAPI:
     """The control-plane app on ``dispatcher``.
 
@@ -160,6 +163,8 @@ def create_app(
         app.include_router(task_state_router(dispatcher))
         if query is not None:
             app.include_router(query_router(dispatcher, query))
+    if people is not None:
+        app.include_router(people_router(people))
     # The last added middleware runs first: authentication, then the body cap,
     # so an anonymous client cannot make the server buffer a body.
     app.add_middleware(BodyLimit, max_bytes=cfg.max_body_bytes)
@@ -172,6 +177,9 @@ def create_app(
             retry_after_seconds=cfg.retry_after_seconds,
         )
         public_prefixes = (TASK_PREFIX,)
+    if people is not None:
+        app.add_middleware(PeopleAuth, people=people, prefixes=PEOPLE_PREFIXES)
+        public_prefixes += PEOPLE_PREFIXES  # PeopleAuth demands a person's token there
     app.add_middleware(InternalAuth, token=internal_token, public_prefixes=public_prefixes)
     app.openapi = _openapi(app)  # type: ignore[method-assign]
     return app
@@ -222,10 +230,12 @@ def _openapi(app: FastAPI) -> Callable[[], dict[str, Any]]:
 
 def _describe_answers(document: dict[str, Any]) -> None:
     """Drop FastAPI's 422 answers (we answer 400) and declare each route's scheme."""
-    task_scoped = False
+    task_scoped = personal = False
     for path, path_item in document.get("paths", {}).items():
         scheme = _CAPABILITY if path.startswith(TASK_PREFIX) else _BEARER
+        scheme = _PERSON if path.startswith(PEOPLE_PREFIXES) else scheme
         task_scoped = task_scoped or scheme == _CAPABILITY
+        personal = personal or scheme == _PERSON
         for operation in path_item.values():
             operation.get("responses", {}).pop("422", None)
             operation["security"] = [{scheme: []}]
@@ -245,5 +255,12 @@ def _describe_answers(document: dict[str, Any]) -> None:
             "in": "header",
             "name": CAPABILITY_HEADER,
             "description": "The capability token issued with the task attempt's claim",
+        }
+    if personal:
+        schemes[_PERSON] = {
+            "type": "http",
+            "scheme": "bearer",
+            "bearerFormat": "JWT",
+            "description": "A person's token from the configured identity provider",
         }
     document["components"]["securitySchemes"] = schemes

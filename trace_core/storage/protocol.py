@@ -31,6 +31,7 @@ from trace_core.storage.ports.journal import JournalOps
 from trace_core.storage.ports.lineage import LineageOps
 from trace_core.storage.ports.operator_state import OperatorStateOps
 from trace_core.storage.ports.payload import PayloadOps
+from trace_core.storage.ports.people import PeopleOps
 from trace_core.storage.ports.reaper import ReaperOps
 from trace_core.storage.ports.routing import RoutingOps
 from trace_core.storage.ports.standalone import StandaloneOps
@@ -222,6 +223,11 @@ class Transaction(Protocol):
     @property
     def api_keys(self) -> ApiKeyOps:
         """Euterpe's requester API keys (digests only)."""
+        ...
+
+    @property
+    def people(self) -> PeopleOps:
+        """Users, org roles, memberships and datasets' read roles (org-scoped)."""
         ...
 
     @property

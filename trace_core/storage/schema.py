@@ -87,6 +87,9 @@ users = sa.Table(
     sa.Column("email", sa.Text()),
     sa.Column("role", sa.Text(), nullable=False),
     _created(),
+    # Not in the spec's DDL: a person's access ends without losing the row
+    # (memberships, audit); a disabled user's token is refused (401).
+    sa.Column("disabled_at", UTCDateTime()),
     sa.CheckConstraint("role IN ('reader', 'writer', 'admin')", name="role"),
 )
 

@@ -56,6 +56,7 @@ from trace_core.storage.sql_leasing import (
 from trace_core.storage.sql_lineage import SqlLineageOps
 from trace_core.storage.sql_operator_state import SqlOperatorStateOps
 from trace_core.storage.sql_payload import SqlPayloadOps
+from trace_core.storage.sql_people import SqlPeopleOps
 from trace_core.storage.sql_reaper import SqlReaperOps
 from trace_core.storage.sql_registry import SqlRegistryOps
 from trace_core.storage.sql_routing import SqlRoutingOps
@@ -245,6 +246,11 @@ class SqlTransaction:
     def api_keys(self) -> SqlApiKeyOps:
         """Euterpe's requester API keys (:mod:`~trace_core.storage.sql_api_keys`)."""
         return SqlApiKeyOps(self)
+
+    @functools.cached_property
+    def people(self) -> SqlPeopleOps:
+        """Users, org roles, memberships, read roles (:mod:`~trace_core.storage.sql_people`)."""
+        return SqlPeopleOps(self)
 
     @functools.cached_property
     def inbox_credentials(self) -> SqlInboxCredentialOps:

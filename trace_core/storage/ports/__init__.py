@@ -88,6 +88,11 @@ from trace_core.storage.ports.payload import (
     PayloadOps,
     VersionPointer,
 )
+from trace_core.storage.ports.people import (
+    OrgRoleRecord,
+    PeopleOps,
+    UserRecord,
+)
 from trace_core.storage.ports.reaper import (
     HeldLease,
     ReaperOps,
@@ -186,8 +191,10 @@ __all__ = [
     "NewLineageEdge",
     "OperatorStateKey",
     "OperatorStateOps",
+    "OrgRoleRecord",
     "OutputVersion",
     "PayloadOps",
+    "PeopleOps",
     "Pointers",
     "ProducerAttempt",
     "ProgressFold",
@@ -220,6 +227,7 @@ __all__ = [
     "TaskOutputs",
     "TimedOutAttempt",
     "Tombstone",
+    "UserRecord",
     "VersionPointer",
     "VersionProgress",
     "Wakeup",

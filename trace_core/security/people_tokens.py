@@ -1,0 +1,281 @@
+"""Verifying people's bearer tokens: JWTs from an identity provider.
+
+The capability-token rules apply (:mod:`trace_core.security.verifier`):
+size cap, strict compact-JWS parsing (no duplicate members), the algorithm
+pinned by configuration and checked in the header before any key is looked
+up, no ``crit``, no embedded or remote key references, the key by kid from a
+:class:`~trace_core.security.jwks_cache.JwksCache` (one fetch per interval
+however many unknown kids), the raw ``r||s`` signature shape, then PyJWT
+with explicit issuer and audience and its algorithm list pinned, then the
+time claims against the injected clock with a bounded leeway. Every refusal
+is :class:`~trace_core.security.claims.InvalidCapability` with a ``reason``
+(the same vocabulary; its text never quotes the token).
+
+Differences from capability tokens, because an IdP mints these: ``typ`` may
+be absent, ``JWT`` or ``at+jwt`` (RFC 9068); ``nbf`` and ``jti`` are optional
+(``nbf`` is checked when present). Only ``ES256`` is accepted today: the
+JWKS cache imports EC P-256 keys only (``RS256`` is refused at configuration
+time with a clear error, never silently accepted).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import jwt
+from cryptography.hazmat.primitives.asymmetric import ec
+from jwt import exceptions as jwt_errors
+
+from trace_core.clock import Clock
+from trace_core.errors import ConfigurationError
+from trace_core.security.b64url import b64url_decode
+from trace_core.security.claims import InvalidCapability
+from trace_core.security.jwks import MAX_LEEWAY_SECONDS
+from trace_core.security.jwks_cache import JwksFetch, JwksUnavailable
+from trace_core.security.signing import MalformedSignature, check_raw_signature
+from trace_core.security.tokens import DEFAULT_MAX_TOKEN_BYTES
+from trace_core.security.verifier import (
+    _FORBIDDEN_HEADERS,
+    PublicKeySource,
+    _json_object,
+)
+
+__all__ = [
+    "PEOPLE_ALGORITHMS",
+    "PEOPLE_REQUIRED_CLAIMS",
+    "PeopleTokenSettings",
+    "PeopleTokenVerifier",
+    "PersonClaims",
+    "http_jwks_fetch",
+]
+
+PEOPLE_ALGORITHMS = frozenset({"ES256"})
+"""Algorithms a people-token verifier may be configured with (never none/HS*)."""
+_KNOWN_BUT_UNSUPPORTED = frozenset({"RS256"})
+PEOPLE_REQUIRED_CLAIMS = ("exp", "iat", "aud", "iss", "sub")
+_TYPES = (None, "JWT", "at+jwt")
+
+
+@dataclass(frozen=True)
+class PersonClaims:
+    """What a verified people token says: who, for whom, until when."""
+
+    subject: str
+    issuer: str
+    expires_at: datetime
+
+
+@dataclass(frozen=True)
+class PeopleTokenSettings:
+    """Where people's tokens come from: the IdP issuer, this API's audience, its JWKS.
+
+    ``from_env`` reads ``TRACE_PEOPLE_ISSUER``, ``TRACE_PEOPLE_AUDIENCE``,
+    ``TRACE_PEOPLE_JWKS_URL`` (default ``<issuer>/.well-known/jwks.json``),
+    ``TRACE_PEOPLE_ALGORITHMS`` (comma-separated, default ``ES256``) and
+    ``TRACE_PEOPLE_LEEWAY_SECONDS`` (default 30).
+    """
+
+    issuer: str
+    audience: str
+    jwks_url: str | None = None
+    algorithms: tuple[str, ...] = ("ES256",)
+    leeway_seconds: float = 30.0
+
+    def __post_init__(self) -> None:
+        for name in ("issuer", "audience"):
+            if not isinstance(getattr(self, name), str) or not getattr(self, name):
+                raise ConfigurationError(f"PeopleTokenSettings.{name} must be a non-empty string")
+        check_algorithms(self.algorithms)
+        if not 0 <= self.leeway_seconds <= MAX_LEEWAY_SECONDS:
+            raise ConfigurationError(
+                f"PeopleTokenSettings.leeway_seconds must be within 0..{MAX_LEEWAY_SECONDS:g}"
+            )
+        if self.jwks_url is not None and not self.jwks_url.startswith("https://"):
+            raise ConfigurationError("PeopleTokenSettings.jwks_url must be an https:// URL")
+
+    @property
+    def effective_jwks_url(self) -> str:
+        """The JWKS location: configured, else the issuer's well-known path."""
+        return self.jwks_url or self.issuer.rstrip("/") + "/.well-known/jwks.json"
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> PeopleTokenSettings | None:
+        """The settings in the environment, or None when no issuer is configured."""
+        env = os.environ if environ is None else environ
+        issuer = env.get("TRACE_PEOPLE_ISSUER")
+        if not issuer:
+            return None
+        audience = env.get("TRACE_PEOPLE_AUDIENCE", "")
+        if not audience:
+            raise ConfigurationError("TRACE_PEOPLE_AUDIENCE must be set with TRACE_PEOPLE_ISSUER")
+        algorithms = tuple(
+            a.strip() for a in env.get("TRACE_PEOPLE_ALGORITHMS", "ES256").split(",") if a.strip()
+        )
+        try:
+            leeway = float(env.get("TRACE_PEOPLE_LEEWAY_SECONDS", "30"))
+        except ValueError:
+            raise ConfigurationError("TRACE_PEOPLE_LEEWAY_SECONDS must be a number") from None
+        return cls(issuer, audience, env.get("TRACE_PEOPLE_JWKS_URL") or None, algorithms, leeway)
+
+
+def check_algorithms(algorithms: Sequence[str]) -> tuple[str, ...]:
+    """Validate a configured algorithm list; raise naming the first bad one."""
+    if not algorithms:
+        raise ConfigurationError("people token algorithms: at least one is required")
+    for alg in algorithms:
+        if alg in _KNOWN_BUT_UNSUPPORTED:
+            raise ConfigurationError(
+                f"people token algorithm {alg} is not supported yet (the JWKS cache imports "
+                "EC P-256 keys only); use ES256"
+            )
+        if alg not in PEOPLE_ALGORITHMS:
+            raise ConfigurationError(
+                f"people token algorithm {alg!r} is refused: only "
+                f"{', '.join(sorted(PEOPLE_ALGORITHMS))} (never none or HS*)"
+            )
+    return tuple(algorithms)
+
+
+def http_jwks_fetch(url: str, *, timeout_seconds: float = 5.0) -> JwksFetch:
+    """A :data:`JwksFetch` reading ``url`` over HTTPS with a bounded time (httpx, lazily)."""
+
+    async def fetch() -> Mapping[str, Any]:
+        import httpx  # optional dependency: only deployments with an IdP need it
+
+        async with httpx.AsyncClient(timeout=timeout_seconds, follow_redirects=False) as client:
+            response = await client.get(url, headers={"Accept": "application/json"})
+            response.raise_for_status()
+            document: Mapping[str, Any] = response.json()
+            return document
+
+    return fetch
+
+
+class PeopleTokenVerifier:
+    """Verifies people's bearer JWTs against one issuer, audience and key source."""
+
+    def __init__(
+        self,
+        keys: PublicKeySource,
+        *,
+        issuer: str,
+        audience: str,
+        clock: Clock,
+        algorithms: Sequence[str] = ("ES256",),
+        leeway_seconds: float = 30.0,
+        max_token_bytes: int = DEFAULT_MAX_TOKEN_BYTES,
+    ) -> None:
+        if not isinstance(audience, str) or not audience:
+            raise ConfigurationError("PeopleTokenVerifier.audience must be a non-empty string")
+        if not isinstance(issuer, str) or not issuer:
+            raise ConfigurationError("PeopleTokenVerifier.issuer must be a non-empty string")
+        if not 0 <= leeway_seconds <= MAX_LEEWAY_SECONDS:
+            raise ConfigurationError(
+                f"PeopleTokenVerifier.leeway_seconds must be within 0..{MAX_LEEWAY_SECONDS:g}"
+            )
+        self._keys = keys
+        self._issuer = issuer
+        self._audience = audience
+        self._clock = clock
+        self._algorithms = list(check_algorithms(algorithms))
+        self._leeway = leeway_seconds
+        self._max_bytes = max_token_bytes
+        # A private PyJWT instance: nobody's register_algorithm() reaches it.
+        self._jwt = jwt.PyJWT()
+
+    async def verify(self, token: str) -> PersonClaims:
+        """The claims of a valid token; raise :class:`InvalidCapability` otherwise."""
+        if not isinstance(token, str):
+            raise InvalidCapability("malformed", "the token is not a string")
+        if len(token) > self._max_bytes:
+            raise InvalidCapability("oversized", f"the token exceeds {self._max_bytes} bytes")
+        if not token.isascii():
+            raise InvalidCapability("malformed", "the token is not ASCII")
+        parts = token.split(".")
+        if len(parts) != 3:
+            raise InvalidCapability("malformed", "the token is not a compact JWS")
+        header = _json_object(parts[0], "header")
+        _json_object(parts[1], "payload")
+        try:
+            signature = b64url_decode(parts[2])
+        except ValueError:
+            raise InvalidCapability("malformed", "the signature is not base64url") from None
+        kid = self._check_header(header)
+        try:
+            public_key = await self._keys.public_key(kid)
+        except JwksUnavailable:
+            raise InvalidCapability("jwks_unavailable", "the JWKS could not be fetched") from None
+        if public_key is None:
+            raise InvalidCapability("unknown_kid", "no published key has the token's kid")
+        try:
+            check_raw_signature(signature)
+        except MalformedSignature:
+            raise InvalidCapability(
+                "malformed_signature", "the signature is not 64 raw bytes r||s in range"
+            ) from None
+        payload = self._decode(token, public_key)
+        expires = self._check_times(payload)
+        subject = payload["sub"]
+        if not isinstance(subject, str) or not subject:
+            raise InvalidCapability("invalid_claim", "sub must be a non-empty string")
+        return PersonClaims(subject, self._issuer, expires)
+
+    def _check_header(self, header: dict[str, Any]) -> str:
+        if header.get("alg") not in self._algorithms:
+            raise InvalidCapability("unsupported_alg", "the token's alg is not a configured one")
+        if "crit" in header:
+            raise InvalidCapability("unknown_crit", "the header lists critical extensions")
+        if header.get("typ") not in _TYPES:
+            raise InvalidCapability("bad_header", "typ must be JWT or at+jwt")
+        if _FORBIDDEN_HEADERS & header.keys():
+            raise InvalidCapability("bad_header", "the header references keys or sets b64")
+        kid = header.get("kid")
+        if not isinstance(kid, str) or not kid:
+            raise InvalidCapability("bad_header", "the header has no kid")
+        return kid
+
+    def _decode(self, token: str, public_key: ec.EllipticCurvePublicKey) -> dict[str, Any]:
+        try:
+            return self._jwt.decode(
+                token,
+                key=public_key,
+                algorithms=self._algorithms,
+                audience=self._audience,
+                issuer=self._issuer,
+                options={
+                    "require": list(PEOPLE_REQUIRED_CLAIMS),
+                    # Checked against the injected clock in _check_times.
+                    "verify_exp": False,
+                    "verify_nbf": False,
+                    "verify_iat": False,
+                },
+            )
+        except jwt_errors.InvalidSignatureError:
+            raise InvalidCapability("bad_signature", "the signature does not verify") from None
+        except jwt_errors.MissingRequiredClaimError as exc:
+            raise InvalidCapability("missing_claim", f"claim {exc.claim} is missing") from None
+        except jwt_errors.InvalidAudienceError:
+            raise InvalidCapability("wrong_audience", "aud is not this verifier's") from None
+        except jwt_errors.InvalidIssuerError:
+            raise InvalidCapability("wrong_issuer", "iss is not the expected issuer") from None
+        except jwt_errors.InvalidAlgorithmError:
+            raise InvalidCapability("unsupported_alg", "the token's alg is refused") from None
+        except jwt_errors.PyJWTError:
+            raise InvalidCapability("malformed", "the token could not be decoded") from None
+
+    def _check_times(self, payload: dict[str, Any]) -> datetime:
+        for name in ("exp", "nbf", "iat"):
+            if name in payload and type(payload[name]) is not int:
+                raise InvalidCapability("invalid_claim", f"claim {name} must be an integer")
+        now = self._clock.now().timestamp()
+        if payload["exp"] <= now - self._leeway:
+            raise InvalidCapability("expired", "the token has expired")
+        if payload.get("nbf", 0) > now + self._leeway:
+            raise InvalidCapability("not_yet_valid", "nbf is in the future")
+        if payload["iat"] > now + self._leeway:
+            raise InvalidCapability("not_yet_valid", "iat is in the future")
+        return datetime.fromtimestamp(payload["exp"], UTC)
