@@ -44,12 +44,14 @@ from tests.test_e2e_http import (  # the process helpers of the end-to-end test
 )
 from tests.test_e2e_http import processes as e2e_processes  # noqa: F401 (a fixture)
 from trace_core.api.capability import CAPABILITY_HEADER
+from trace_core.clock import SystemClock
 from trace_core.dag import parse_dag
 from trace_core.dispatcher.service import Dispatcher
 from trace_core.errors import DatabaseUnavailable
 from trace_core.model import TASKS
 from trace_core.storage.migrate import upgrade
 from trace_core.storage.sql import SqlRepository
+from trace_lite.people_keys import issue_person_token, open_people_keys
 from trace_lite.pgcluster import PostgresCluster
 
 OPERATORS_REF = "tests.outage_operators:OPERATORS"
@@ -259,6 +261,36 @@ def _requests(lease: dict[str, Any]) -> list[tuple[str, str, dict[str, Any], dic
     ]
 
 
+def _people_requests(
+    person: dict[str, str],
+) -> list[tuple[str, str, dict[str, Any], dict[str, str]]]:
+    """A well-formed request for every people route, with a person's valid token
+    (the user lookup in front of routing is the database read they meet)."""
+    role = {"role": "reader"}
+    return [
+        ("GET", "/v1/me", {}, person),
+        ("GET", "/v1/users", {}, person),
+        ("POST", "/v1/users", {"external_id": "probe-user", **role}, person),
+        ("PATCH", "/v1/users/{user_id}", role, person),
+        ("POST", "/v1/users/{user_id}/disable", {}, person),
+        ("GET", "/v1/org-roles", {}, person),
+        ("POST", "/v1/org-roles", {"slug": "probe-role"}, person),
+        ("DELETE", "/v1/org-roles/{slug}", {}, person),
+        ("PUT", "/v1/org-roles/{slug}/members/{user_id}", {}, person),
+        ("GET", "/v1/datasets/{name}/read-roles", {}, person),
+        ("PUT", "/v1/datasets/{name}/read-roles", {"read_roles": ["probe-role"]}, person),
+    ]
+
+
+def _person_token(data_dir: Path) -> dict[str, str]:
+    """The Authorization header of a short-lived token from the lite people issuer
+    that ``serve`` opened in ``data_dir`` (what ``trace-lite token`` prints)."""
+    clock = SystemClock()
+    ring = open_people_keys(data_dir, clock)
+    token = anyio.run(lambda: issue_person_token(ring, "outage-probe", clock, ttl_seconds=600))
+    return {"Authorization": f"Bearer {token}"}
+
+
 NO_DATABASE = {"/healthz", "/openapi.json", "/internal/jwks/task"}
 """Routes that read no state database: they keep answering 200 during an outage."""
 
@@ -285,7 +317,7 @@ def test_every_route_answers_503_while_postgres_is_down_and_the_server_recovers(
             return body if body.get("claimed") else None
 
         lease = _until("a claimed mark task", claim)
-        requests = _requests(lease)
+        requests = [*_requests(lease), *_people_requests(_person_token(tmp_path / "data"))]
         covered = {path for _, path, _, _ in requests} | NO_DATABASE
         documented = set(api.get("/openapi.json").json()["paths"])
         assert documented <= covered, f"routes without a probe: {documented - covered}"
@@ -293,12 +325,14 @@ def test_every_route_answers_503_while_postgres_is_down_and_the_server_recovers(
         cluster.halt("fast")
         answers: dict[str, tuple[int, Any, str | None]] = {}
         for method, path, body, headers in requests:
+            # a path template is filled with the lease's task id or probe names
+            filled = path.format(
+                task_id=lease["job_id"], user_id=uuid.uuid4(), slug="probe-role", name="probe"
+            )
             if method == "GET":
-                # a path template is filled with the lease's task id
-                filled = path.format(task_id=lease["job_id"])
                 response = api.get(filled, params=body, headers=headers)
             else:
-                response = api.post(path, json=body, headers=headers)
+                response = api.request(method, filled, json=body, headers=headers)
             answers[path] = (
                 response.status_code,
                 response.json(),

@@ -178,7 +178,12 @@ def create_app(
         )
         public_prefixes = (TASK_PREFIX,)
     if people is not None:
-        app.add_middleware(PeopleAuth, people=people, prefixes=PEOPLE_PREFIXES)
+        app.add_middleware(
+            PeopleAuth,
+            people=people,
+            prefixes=PEOPLE_PREFIXES,
+            retry_after_seconds=cfg.retry_after_seconds,
+        )
         public_prefixes += PEOPLE_PREFIXES  # PeopleAuth demands a person's token there
     app.add_middleware(InternalAuth, token=internal_token, public_prefixes=public_prefixes)
     app.openapi = _openapi(app)  # type: ignore[method-assign]

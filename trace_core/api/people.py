@@ -29,6 +29,7 @@ from trace_core.api.auth import route_path
 from trace_core.api.errors import ERROR_RESPONSES, Forbidden, answer_doc, error_response
 from trace_core.api.fields import Name
 from trace_core.api.fields import Request as RequestBody
+from trace_core.errors import DatabaseUnavailable
 from trace_core.people.access import Caller, NotAllowed, PlatformRole, UnknownPerson
 from trace_core.people.service import PeopleService
 from trace_core.security.claims import InvalidCapability
@@ -149,6 +150,9 @@ async def _authenticate(people: PeopleApi, scope: Scope) -> Caller:
         raise PersonRefused(f"the bearer token was refused ({exc.reason})") from None
     except UnknownPerson:
         raise PersonRefused("the bearer token was refused (unknown_user)") from None
+    except DatabaseUnavailable:
+        # the user lookup is a database read: an outage is a 503 like on every route
+        raise PersonRefused("the state database is unavailable; retry later", 503) from None
 
 
 class PeopleAuth:
@@ -160,11 +164,17 @@ class PeopleAuth:
     """
 
     def __init__(
-        self, app: ASGIApp, *, people: PeopleApi, prefixes: tuple[str, ...] = PEOPLE_PREFIXES
+        self,
+        app: ASGIApp,
+        *,
+        people: PeopleApi,
+        prefixes: tuple[str, ...] = PEOPLE_PREFIXES,
+        retry_after_seconds: int = 1,
     ) -> None:
         self.app = app
         self._people = people
         self._prefixes = prefixes
+        self._retry_after = retry_after_seconds
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Authenticate a people request; pass every other request on."""
@@ -174,8 +184,10 @@ class PeopleAuth:
         try:
             caller = await _authenticate(self._people, scope)
         except PersonRefused as refused:
-            headers = {"WWW-Authenticate": _REALM} if refused.status == 401 else {}
-            error = "unauthorized" if refused.status == 401 else "unavailable"
+            if refused.status == 401:
+                error, headers = "unauthorized", {"WWW-Authenticate": _REALM}
+            else:
+                error, headers = "unavailable", {"Retry-After": str(self._retry_after)}
             response = error_response(refused.status, error, refused.reason, headers=headers)
             await response(scope, receive, send)
             return
