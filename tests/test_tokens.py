@@ -825,7 +825,8 @@ def test_core_import_does_not_load_crypto() -> None:
 
 def test_reasons_cover_every_reason_the_code_raises() -> None:
     source = "\n".join(
-        (Path(security.__file__).parent / name).read_text() for name in ("verifier.py", "claims.py")
+        (Path(security.__file__).parent / name).read_text()
+        for name in ("verifier.py", "jws_verifier.py", "claims.py")
     )
     raised = set(re.findall(r'InvalidCapability\(\s*"([a-z_]+)"', source))
     assert len(raised) >= 15

@@ -26,23 +26,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-import jwt
-from cryptography.hazmat.primitives.asymmetric import ec
-from jwt import exceptions as jwt_errors
-
 from trace_core.clock import Clock
 from trace_core.errors import ConfigurationError
-from trace_core.security.b64url import b64url_decode
 from trace_core.security.claims import InvalidCapability
 from trace_core.security.jwks import MAX_LEEWAY_SECONDS
-from trace_core.security.jwks_cache import JwksFetch, JwksUnavailable
-from trace_core.security.signing import MalformedSignature, check_raw_signature
+from trace_core.security.jwks_cache import JwksFetch
+from trace_core.security.jws_verifier import JwsVerifier, PublicKeySource
 from trace_core.security.tokens import DEFAULT_MAX_TOKEN_BYTES
-from trace_core.security.verifier import (
-    _FORBIDDEN_HEADERS,
-    PublicKeySource,
-    _json_object,
-)
 
 __all__ = [
     "PEOPLE_ALGORITHMS",
@@ -155,7 +145,7 @@ def http_jwks_fetch(url: str, *, timeout_seconds: float = 5.0) -> JwksFetch:
     return fetch
 
 
-class PeopleTokenVerifier:
+class PeopleTokenVerifier(JwsVerifier):
     """Verifies people's bearer JWTs against one issuer, audience and key source."""
 
     def __init__(
@@ -169,113 +159,24 @@ class PeopleTokenVerifier:
         leeway_seconds: float = 30.0,
         max_token_bytes: int = DEFAULT_MAX_TOKEN_BYTES,
     ) -> None:
-        if not isinstance(audience, str) or not audience:
-            raise ConfigurationError("PeopleTokenVerifier.audience must be a non-empty string")
-        if not isinstance(issuer, str) or not issuer:
-            raise ConfigurationError("PeopleTokenVerifier.issuer must be a non-empty string")
-        if not 0 <= leeway_seconds <= MAX_LEEWAY_SECONDS:
-            raise ConfigurationError(
-                f"PeopleTokenVerifier.leeway_seconds must be within 0..{MAX_LEEWAY_SECONDS:g}"
-            )
-        self._keys = keys
-        self._issuer = issuer
-        self._audience = audience
-        self._clock = clock
-        self._algorithms = list(check_algorithms(algorithms))
-        self._leeway = leeway_seconds
-        self._max_bytes = max_token_bytes
-        # A private PyJWT instance: nobody's register_algorithm() reaches it.
-        self._jwt = jwt.PyJWT()
+        super().__init__(
+            keys,
+            issuer=issuer,
+            audience=audience,
+            clock=clock,
+            algorithms=check_algorithms(algorithms),
+            types=_TYPES,
+            required=PEOPLE_REQUIRED_CLAIMS,
+            # An identity provider may send aud as a list holding the audience.
+            strict_aud=False,
+            leeway_seconds=leeway_seconds,
+            max_token_bytes=max_token_bytes,
+        )
 
     async def verify(self, token: str) -> PersonClaims:
         """The claims of a valid token; raise :class:`InvalidCapability` otherwise."""
-        if not isinstance(token, str):
-            raise InvalidCapability("malformed", "the token is not a string")
-        if len(token) > self._max_bytes:
-            raise InvalidCapability("oversized", f"the token exceeds {self._max_bytes} bytes")
-        if not token.isascii():
-            raise InvalidCapability("malformed", "the token is not ASCII")
-        parts = token.split(".")
-        if len(parts) != 3:
-            raise InvalidCapability("malformed", "the token is not a compact JWS")
-        header = _json_object(parts[0], "header")
-        _json_object(parts[1], "payload")
-        try:
-            signature = b64url_decode(parts[2])
-        except ValueError:
-            raise InvalidCapability("malformed", "the signature is not base64url") from None
-        kid = self._check_header(header)
-        try:
-            public_key = await self._keys.public_key(kid)
-        except JwksUnavailable:
-            raise InvalidCapability("jwks_unavailable", "the JWKS could not be fetched") from None
-        if public_key is None:
-            raise InvalidCapability("unknown_kid", "no published key has the token's kid")
-        try:
-            check_raw_signature(signature)
-        except MalformedSignature:
-            raise InvalidCapability(
-                "malformed_signature", "the signature is not 64 raw bytes r||s in range"
-            ) from None
-        payload = self._decode(token, public_key)
-        expires = self._check_times(payload)
+        payload = await self._verified_payload(token)
         subject = payload["sub"]
         if not isinstance(subject, str) or not subject:
             raise InvalidCapability("invalid_claim", "sub must be a non-empty string")
-        return PersonClaims(subject, self._issuer, expires)
-
-    def _check_header(self, header: dict[str, Any]) -> str:
-        if header.get("alg") not in self._algorithms:
-            raise InvalidCapability("unsupported_alg", "the token's alg is not a configured one")
-        if "crit" in header:
-            raise InvalidCapability("unknown_crit", "the header lists critical extensions")
-        if header.get("typ") not in _TYPES:
-            raise InvalidCapability("bad_header", "typ must be JWT or at+jwt")
-        if _FORBIDDEN_HEADERS & header.keys():
-            raise InvalidCapability("bad_header", "the header references keys or sets b64")
-        kid = header.get("kid")
-        if not isinstance(kid, str) or not kid:
-            raise InvalidCapability("bad_header", "the header has no kid")
-        return kid
-
-    def _decode(self, token: str, public_key: ec.EllipticCurvePublicKey) -> dict[str, Any]:
-        try:
-            return self._jwt.decode(
-                token,
-                key=public_key,
-                algorithms=self._algorithms,
-                audience=self._audience,
-                issuer=self._issuer,
-                options={
-                    "require": list(PEOPLE_REQUIRED_CLAIMS),
-                    # Checked against the injected clock in _check_times.
-                    "verify_exp": False,
-                    "verify_nbf": False,
-                    "verify_iat": False,
-                },
-            )
-        except jwt_errors.InvalidSignatureError:
-            raise InvalidCapability("bad_signature", "the signature does not verify") from None
-        except jwt_errors.MissingRequiredClaimError as exc:
-            raise InvalidCapability("missing_claim", f"claim {exc.claim} is missing") from None
-        except jwt_errors.InvalidAudienceError:
-            raise InvalidCapability("wrong_audience", "aud is not this verifier's") from None
-        except jwt_errors.InvalidIssuerError:
-            raise InvalidCapability("wrong_issuer", "iss is not the expected issuer") from None
-        except jwt_errors.InvalidAlgorithmError:
-            raise InvalidCapability("unsupported_alg", "the token's alg is refused") from None
-        except jwt_errors.PyJWTError:
-            raise InvalidCapability("malformed", "the token could not be decoded") from None
-
-    def _check_times(self, payload: dict[str, Any]) -> datetime:
-        for name in ("exp", "nbf", "iat"):
-            if name in payload and type(payload[name]) is not int:
-                raise InvalidCapability("invalid_claim", f"claim {name} must be an integer")
-        now = self._clock.now().timestamp()
-        if payload["exp"] <= now - self._leeway:
-            raise InvalidCapability("expired", "the token has expired")
-        if payload.get("nbf", 0) > now + self._leeway:
-            raise InvalidCapability("not_yet_valid", "nbf is in the future")
-        if payload["iat"] > now + self._leeway:
-            raise InvalidCapability("not_yet_valid", "iat is in the future")
-        return datetime.fromtimestamp(payload["exp"], UTC)
+        return PersonClaims(subject, self._issuer, datetime.fromtimestamp(payload["exp"], UTC))
