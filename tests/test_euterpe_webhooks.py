@@ -581,3 +581,34 @@ async def test_httpx_poster_reports_timeouts_and_refusals_as_failed_attempts() -
         refused = await poster.post(f"http://127.0.0.1:{port}/hook", b"{}", {})
     await poster.aclose()
     assert refused.status is None and refused.error and "ConnectError" in refused.error
+
+
+@pytest.mark.anyio
+async def test_httpx_poster_never_connects_where_the_url_policy_refuses_the_address() -> None:
+    from trace_core.euterpe.requests import UrlPolicy
+    from trace_core.euterpe.webhook_poster import HttpxPoster
+
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    port = listener.extra(anyio.abc.SocketAttribute.local_port)
+    connections: list[int] = []
+
+    async def record(stream: anyio.abc.SocketStream) -> None:
+        connections.append(1)
+        await stream.aclose()
+
+    url = f"http://127.0.0.1:{port}/hook"
+    refusing = HttpxPoster(url_policy=UrlPolicy(allow_loopback=False))
+    allowing = HttpxPoster(url_policy=UrlPolicy(allow_loopback=True), timeout_seconds=2.0)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(listener.serve, record)
+        with anyio.fail_after(10):
+            refused = await refusing.post(url, b"{}", {})
+            reached = await allowing.post(url, b"{}", {})
+        tg.cancel_scope.cancel()
+    await listener.aclose()
+    await refusing.aclose()
+    await allowing.aclose()
+    assert refused.status is None and not refused.delivered
+    assert refused.error is not None and "not allowed" in refused.error
+    # The allowed poster did connect (its answer is a dropped connection).
+    assert connections == [1] and reached.status is None

@@ -206,7 +206,9 @@ def build_server(
         max_attempts=options.max_attempts,
         clock=clock,
     )
-    deliverer = WebhookDeliverer(repo, signer, poster or HttpxPoster(), clock=clock)
+    deliverer = WebhookDeliverer(
+        repo, signer, poster or HttpxPoster(url_policy=options.url_policy), clock=clock
+    )
     jobs.on_commit = deliverer.wake
     maintenance = EuterpeMaintenance(
         InboxMaintenance(jobs),

@@ -19,16 +19,12 @@ Nothing secret is logged: the body holds a job id and a version only.
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import logging
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
-from urllib.parse import urlsplit
-
-import anyio
 
 from trace_core.errors import ConfigurationError
 from trace_core.euterpe.events import NormalizedError
@@ -108,7 +104,7 @@ class CredentialRefresher:
         job's version either way)."""
         import httpx
 
-        refused = await self._refused(url)
+        refused = await self.url_policy.refusal_when_connecting(url, "refresh_url")
         if refused is not None:
             _log.warning("euterpe: refresh of job %s not sent: %s", job_id, refused)
             return RefreshAnswer(None, refused)
@@ -128,23 +124,3 @@ class CredentialRefresher:
             return RefreshAnswer(None, detail)
         _log.info("euterpe: refresh of job %s answered %d", job_id, response.status_code)
         return RefreshAnswer(response.status_code, f"answered {response.status_code}")
-
-    async def _refused(self, url: str) -> str | None:
-        """Why ``url`` must not be called now (a resolved address the policy
-        refuses), or None."""
-        parts = urlsplit(url)
-        host = parts.hostname or ""
-        try:
-            self.url_policy.check(url, "refresh_url")
-        except ConfigurationError as exc:
-            return str(exc)
-        try:
-            port = parts.port or (443 if parts.scheme == "https" else 80)
-            answers = await anyio.getaddrinfo(host, port)
-        except (OSError, ValueError):
-            return "the refresh_url host does not resolve"
-        for *_, sockaddr in answers:
-            address = ipaddress.ip_address(str(sockaddr[0]).split("%", 1)[0])
-            if not self.url_policy.address_allowed(address):
-                return "the refresh_url host resolves to an address that is not allowed"
-        return None

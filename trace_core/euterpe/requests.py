@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any
 from urllib.parse import urlsplit
 
+import anyio
 from pydantic import (
     AfterValidator,
     AwareDatetime,
@@ -251,6 +252,28 @@ class UrlPolicy:
             return  # a name: its resolved address is checked when connecting
         if not self.address_allowed(address):
             raise InvalidInput(field, "the host's address range is not allowed")
+
+    async def refusal_when_connecting(self, url: str, field: str) -> str | None:
+        """Why ``url`` must not be called now, or None: :meth:`check` again (the
+        policy may have changed since intake), then every address its host
+        resolves to now must be allowed (a name that resolved to a public
+        address at intake may point inward later). For callers about to connect:
+        the refresh call and the webhook deliverer."""
+        parts = urlsplit(url)
+        try:
+            self.check(url, field)
+        except InvalidInput as exc:
+            return str(exc)
+        try:
+            port = parts.port or (443 if parts.scheme == "https" else 80)
+            answers = await anyio.getaddrinfo(parts.hostname or "", port)
+        except (OSError, ValueError):
+            return f"the {field} host does not resolve"
+        for *_, sockaddr in answers:
+            address = ipaddress.ip_address(str(sockaddr[0]).split("%", 1)[0])
+            if not self.address_allowed(address):
+                return f"the {field} host resolves to an address that is not allowed"
+        return None
 
     def address_allowed(self, address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
         """Whether a connection to ``address`` (a resolved host) is allowed."""

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from trace_core.errors import ConfigurationError
+from trace_core.euterpe.requests import UrlPolicy
 
 if TYPE_CHECKING:
     import httpx
@@ -47,7 +48,10 @@ class HttpxPoster:
     connections reused across deliveries, a connect and a total timeout,
     no redirects followed (a redirect answer is a 3xx, classified like any
     other non-2xx), and the answer's body left unread beyond what httpx
-    buffers (a receiver's answer is not interpreted)."""
+    buffers (a receiver's answer is not interpreted). With ``url_policy``,
+    a URL whose host now resolves to an address the policy refuses is not
+    called (:meth:`~trace_core.euterpe.requests.UrlPolicy.refusal_when_connecting`):
+    the answer is "no answer", retried and in the end dead-lettered."""
 
     def __init__(
         self,
@@ -56,6 +60,7 @@ class HttpxPoster:
         connect_timeout_seconds: float = 5.0,
         max_connections: int = 20,
         client: httpx.AsyncClient | None = None,
+        url_policy: UrlPolicy | None = None,
     ) -> None:
         if timeout_seconds <= 0 or connect_timeout_seconds <= 0:
             raise ConfigurationError("HttpxPoster timeouts must be > 0")
@@ -70,10 +75,15 @@ class HttpxPoster:
                 follow_redirects=False,
             )
         self._client = client
+        self._policy = url_policy
 
     async def post(self, url: str, body: bytes, headers: Mapping[str, str]) -> PostResult:
         import httpx
 
+        if self._policy is not None:
+            refused = await self._policy.refusal_when_connecting(url, "status_webhook_url")
+            if refused is not None:
+                return PostResult(None, refused)
         try:
             response = await self._client.post(url, content=body, headers=dict(headers))
         except httpx.TimeoutException as exc:
