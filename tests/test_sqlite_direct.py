@@ -110,7 +110,7 @@ def write_lock_is_free(repo: SqlRepository) -> bool:
         conn.close()
 
 
-async def test_a_claim_is_two_thread_hops_and_a_small_create_three(
+async def test_a_claim_and_a_small_create_are_three_thread_hops(
     repo: SqlRepository, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     job = await make_job(repo, clock.now())
@@ -128,10 +128,12 @@ async def test_a_claim_is_two_thread_hops_and_a_small_create_three(
     assert hops == ["_execute", "_execute", "_finish"]
     hops.clear()
     [lease] = await tq.claim_batch("w", 10)
-    assert hops == ["_execute", "_finish"]
+    # BEGIN IMMEDIATE + the claim, the attempt records (job_attempts), COMMIT.
+    assert hops == ["_execute", "_execute", "_finish"]
     hops.clear()
     assert await tq.complete_many([lease.fence]) == {lease.item_id}
-    assert hops == ["_execute", "_finish"]
+    # BEGIN IMMEDIATE + the fenced completion, closing the attempt records, COMMIT.
+    assert hops == ["_execute", "_execute", "_finish"]
 
 
 async def test_statements_do_not_wait_for_the_default_thread_limiter(

@@ -14,7 +14,9 @@ runs on an anyio worker thread, in one hop each:
 - every later statement, its rows fetched;
 - ``COMMIT`` (or ``ROLLBACK``) and the return to the pool.
 
-A claim scope is two hops, a one-task enqueue with its wake-up row three.
+A claim or a completion of tasks is three hops (the claim, then its attempt
+records, which Postgres writes in the claim's own statement), a one-task
+enqueue with its wake-up row three.
 Statements run through the sync :meth:`sqlalchemy.engine.Connection.execute`,
 so ad hoc statements, executemany and ``RETURNING`` behave, and fail, exactly
 as through the async path: the same compiled SQL, bind and result processors,
