@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from benchmarks._common import Databases, count_tasks, log
+from benchmarks._common import Databases, count_tasks, log, stop_process
 
 if TYPE_CHECKING:
     from trace_core.authoring.operators import OperatorRegistry
@@ -121,12 +121,7 @@ class ClaimBench:
         tb: TracebackType | None,
     ) -> None:
         if self._server is not None:
-            self._server.terminate()
-            try:
-                self._server.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self._server.kill()
-                self._server.wait(timeout=30)
+            stop_process(self._server)
         self._dbs.__exit__(exc_type, exc, tb)
         shutil.rmtree(self._scratch, ignore_errors=True)
 

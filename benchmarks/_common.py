@@ -10,6 +10,7 @@ import os
 import resource
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import uuid
@@ -46,6 +47,16 @@ Engine = Literal["sqlite", "postgres"]
 
 
 # --- statistics --------------------------------------------------------------
+
+
+def stop_process(proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
+    """Stop a child the benchmark started: SIGTERM, then SIGKILL after ``timeout``."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=timeout)
 
 
 def benchmark_parser(prog: str, doc: str | None) -> argparse.ArgumentParser:

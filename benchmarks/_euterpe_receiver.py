@@ -33,6 +33,7 @@ from types import TracebackType
 from typing import Any
 from urllib.parse import parse_qs
 
+from benchmarks._common import stop_process
 from trace_core.euterpe.receiver import WebhookReceiver
 from trace_core.security.webhook_signing import WebhookRejected
 from trace_core.storage.sql import SqlRepository
@@ -103,12 +104,7 @@ class ReceiverProcess:
         tb: TracebackType | None,
     ) -> None:
         if self._proc is not None:
-            self._proc.terminate()
-            try:
-                self._proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait(timeout=30)
+            stop_process(self._proc)
 
     async def stats(self, start: int = 0) -> ReceiverStats:
         """The receiver's record from processed position ``start`` on."""
