@@ -34,6 +34,7 @@ from trace_core.euterpe.credentials import (
 from trace_core.euterpe.jobs import InboxJobs, JobsConfig
 from trace_core.euterpe.presets import Preset
 from trace_core.euterpe.processor import ProducedOutput, describe_output, output_path
+from trace_core.euterpe.receiver import read_request_body
 from trace_core.euterpe.refresh import CredentialRefresher
 from trace_core.euterpe.requests import UrlPolicy
 from trace_core.euterpe.storage_access import StorageHandle
@@ -296,12 +297,9 @@ class RefreshEndpoint:
         self.url = f"http://127.0.0.1:{self.port}/refresh"
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await read_request_body(receive)
+        if body is None:
+            return  # the client left mid-request: nothing to verify or answer
         headers = {k.decode(): v.decode() for k, v in scope["headers"]}
         document = json.loads(body)
         ok = verify(REQUESTER, headers, body)

@@ -37,7 +37,7 @@ from trace_core.api.transcode_serving import serve_transcode
 from trace_core.clock import SystemClock
 from trace_core.euterpe.api_keys import ApiKeys
 from trace_core.euterpe.copy_processor import CopyProcessor
-from trace_core.euterpe.receiver import WebhookReceiver
+from trace_core.euterpe.receiver import WebhookReceiver, read_request_body
 from trace_core.euterpe.requests import UrlPolicy
 from trace_core.security.minting import LocalCredentialMinter
 from trace_core.security.scopes import S3Prefix, Scope
@@ -72,12 +72,9 @@ class WebhookEndpoint:
         self.bodies: list[bytes] = []
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await read_request_body(receive)
+        if body is None:
+            return  # the client left mid-request: nothing to verify or answer
         headers = {k.decode(): v.decode() for k, v in scope["headers"]}
         self.bodies.append(body)
         status = 204
@@ -284,12 +281,9 @@ class RefreshEndpoint:
         self.puts: list[httpx.Response] = []
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await read_request_body(receive)
+        if body is None:
+            return  # the client left mid-request: nothing to verify or answer
         headers = {k.decode(): v.decode() for k, v in scope["headers"]}
         status = 204
         try:

@@ -29,7 +29,12 @@ from trace_core.errors import ConfigurationError
 from trace_core.euterpe.deliverer import DeliveryOutcome, WebhookDeliverer
 from trace_core.euterpe.deliverer_config import DelivererConfig
 from trace_core.euterpe.job_records import EVENTS_CHANNEL
-from trace_core.euterpe.receiver import ReceiverConfig, ReplayedWebhook, WebhookReceiver
+from trace_core.euterpe.receiver import (
+    ReceiverConfig,
+    ReplayedWebhook,
+    WebhookReceiver,
+    read_request_body,
+)
 from trace_core.euterpe.webhook_body import webhook_body_bytes
 from trace_core.euterpe.webhook_poster import PostResult
 from trace_core.leasing import LeaseConfig, LeaseQueue
@@ -304,6 +309,35 @@ async def test_receiver_inside_the_callers_transaction_rolls_back_with_it(
 def test_receiver_config_refuses_a_short_replay_window() -> None:
     with pytest.raises(ConfigurationError, match="nonce_ttl_seconds must be >= 300"):
         ReceiverConfig(nonce_ttl_seconds=299)
+
+
+def _receive_from(messages: list[dict[str, Any]]) -> Callable[[], Awaitable[dict[str, Any]]]:
+    queue = iter(messages)
+
+    async def receive() -> dict[str, Any]:
+        return next(queue)
+
+    return receive
+
+
+@pytest.mark.anyio
+async def test_read_request_body_joins_chunks_and_drops_a_body_cut_by_a_disconnect() -> None:
+    whole = _receive_from(
+        [
+            {"type": "http.request", "body": BODY[:10], "more_body": True},
+            {"type": "http.request", "body": BODY[10:], "more_body": False},
+        ]
+    )
+    assert await read_request_body(whole) == BODY
+    # A deliverer killed between its headers and the end of its body: the
+    # prefix is not the delivery and must not reach the verifier.
+    cut = _receive_from(
+        [
+            {"type": "http.request", "body": BODY[:10], "more_body": True},
+            {"type": "http.disconnect"},
+        ]
+    )
+    assert await read_request_body(cut) is None
 
 
 # --- the deliverer (both engines) ------------------------------------------------

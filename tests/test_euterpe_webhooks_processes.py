@@ -32,7 +32,7 @@ import sqlalchemy as sa
 from tests import euterpe_webhook_proc as proc
 from tests.factories import make_webhook_events, wait_until
 from trace_core.errors import DuplicateItem
-from trace_core.euterpe.receiver import WebhookReceiver
+from trace_core.euterpe.receiver import WebhookReceiver, read_request_body
 from trace_core.security.webhook_signing import WebhookRejected, WebhookSigner
 from trace_core.storage import schema
 from trace_core.storage.sql import SqlRepository
@@ -108,12 +108,9 @@ class Receiver:
 
     async def app(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         assert scope["type"] == "http"
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await read_request_body(receive)
+        if body is None:
+            return  # the client left mid-request: nothing to verify or answer
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         status = await self.handle(headers, body)
         await send({"type": "http.response.start", "status": status, "headers": []})

@@ -413,7 +413,7 @@ def _listen(args: argparse.Namespace, db: StateDatabase) -> int:
     import uvicorn
 
     from trace_core.euterpe.api_keys import check_requester_id
-    from trace_core.euterpe.receiver import WebhookReceiver
+    from trace_core.euterpe.receiver import WebhookReceiver, read_request_body
     from trace_core.security.webhook_signing import WebhookRejected
     from trace_core.storage.sql import SqlRepository
     from trace_lite.euterpe_runtime import load_webhook_signer
@@ -432,12 +432,9 @@ def _listen(args: argparse.Namespace, db: StateDatabase) -> int:
         async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
             if scope["type"] != "http":
                 return
-            body = b""
-            while True:
-                message = await receive()
-                body += message.get("body", b"")
-                if not message.get("more_body"):
-                    break
+            body = await read_request_body(receive)
+            if body is None:
+                return  # the client left mid-request: nothing to verify or answer
             headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
             status = 204
             try:

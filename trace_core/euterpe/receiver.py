@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -51,7 +51,13 @@ from trace_core.security.webhook_signing import (
 )
 from trace_core.storage.protocol import Repository, Transaction, within
 
-__all__ = ["Accepted", "ReceiverConfig", "ReplayedWebhook", "WebhookReceiver"]
+__all__ = [
+    "Accepted",
+    "ReceiverConfig",
+    "ReplayedWebhook",
+    "WebhookReceiver",
+    "read_request_body",
+]
 
 MAX_BODY_BYTES = 1_048_576
 
@@ -92,6 +98,32 @@ class Accepted:
     event_id: uuid.UUID
     duplicate: bool
     """True: this event was recorded before; acknowledge it, do not process it again."""
+
+
+async def read_request_body(
+    receive: Callable[[], Awaitable[Mapping[str, Any]]],
+) -> bytes | None:
+    """The whole body of an ASGI HTTP request, or ``None`` if the client left first.
+
+    A deliverer that dies (or times out) between its headers and the end of
+    its body leaves the server with an ``http.disconnect`` message and a
+    prefix of the body. That prefix is not the delivery: it must be neither
+    verified (its signature cannot match, and the refusal would be logged as
+    tampering) nor answered. A body over :data:`MAX_BODY_BYTES` stops the
+    read early and is returned as it stands, so that
+    :meth:`WebhookReceiver.verify_and_record` refuses it by name.
+    """
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return None
+        chunk = bytes(message.get("body", b""))
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > MAX_BODY_BYTES or not message.get("more_body", False):
+            return b"".join(chunks)
 
 
 class WebhookReceiver:
