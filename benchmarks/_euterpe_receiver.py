@@ -34,7 +34,7 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from benchmarks._common import stop_process
-from trace_core.euterpe.receiver import WebhookReceiver
+from trace_core.euterpe.receiver import WebhookReceiver, read_request_body
 from trace_core.security.webhook_signing import WebhookRejected
 from trace_core.storage.sql import SqlRepository
 
@@ -149,12 +149,9 @@ class _App:
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await read_request_body(receive)
+        if body is None:
+            return  # the client left mid-request: nothing to verify or answer
         path, method = scope["path"], scope["method"]
         if path == "/hook" and method == "POST":
             headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
