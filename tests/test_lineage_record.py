@@ -58,11 +58,14 @@ async def test_a_completion_records_its_outputs_lineage_and_a_stale_one_nothing(
         stored = await tx.connection.execute(
             sa.select(schema.tasks.c.outputs).where(schema.tasks.c.id == created.task_id)
         )
-    assert (row.output_column, row.input_name, row.input_column, row.job_id) == (
+    assert (row.output_column, row.input_name, row.input_column, row.job_id, row.kind) == (
         "total",
         "tx",
         "value",
         jobs["agg"],
+        "AGGREGATION",
     )
+    # recorded for the version of the output the task's DAG version points at
+    assert row.dataset_version == stable_id("dataset-version", "acme", "dex", "current", "out")
     # the task keeps its outputs without the lineage
     assert stored.scalar_one() == [{"rows": 3}]

@@ -3,8 +3,10 @@
 The completion that commits an output (its final events, in one
 transaction) records the lineage reported in ``outputs[i]["lineage"]`` for
 the job's output ``i``; the entry is taken out of the outputs kept on the
-task. Recording replaces the dataset's previous lineage, so a
-rematerialization (a new dataset version, a new operator) records its own.
+task, with each edge's kind, for the dataset version the task's DAG
+version points at: a rematerialization (a new dataset version, a new
+operator) records its own next to the older version's (reads answer the
+current version's). A repeated completion of the same version replaces it.
 If the completion is refused (a stale attempt), the transaction rolls back
 and nothing is recorded.
 """
@@ -42,9 +44,10 @@ async def record_output_lineage(
     if task is None:
         return [{k: v for k, v in o.items() if k != "lineage"} for o in outputs or ()]
     kept, found = take_lineage(outputs, task.output_datasets)
+    versions = dict(zip(task.output_datasets, task.output_versions, strict=False))
     for item in found:
         edges = [
-            NewLineageEdge(e.output_column, uuid.UUID(e.input_dataset), e.input_column)
+            NewLineageEdge(e.output_column, uuid.UUID(e.input_dataset), e.input_column, e.kind)
             for e in item.edges
         ]
         # a worker names only datasets its job reads (never another org's)
@@ -52,5 +55,10 @@ async def record_output_lineage(
         if foreign:
             names = ", ".join(sorted(map(str, foreign)))
             raise InvalidInput("outputs.lineage", f"datasets {names} are not inputs of the job")
-        await tx.lineage.record(item.dataset_uuid, task.job_id, edges)
+        await tx.lineage.record(
+            item.dataset_uuid,
+            task.job_id,
+            edges,
+            dataset_version=versions.get(item.dataset_uuid),
+        )
     return kept
