@@ -9,7 +9,8 @@ node's output attributes get the set of input columns they are computed
 from:
 
 - an attribute the front end recognised as a column of one of the input
-  datasets (``known``) is that column (``IDENTITY``), wherever it appears;
+  datasets (``known``) is that column (``IDENTITY``) from the node that
+  introduces it (a leaf, or an input's own projection) up;
 - a definition (an ``Alias``: ``select(... .alias())``, ``withColumn``,
   ``withColumnRenamed``, ``agg``) is computed from the columns its
   expression references, as its kind: ``IDENTITY`` for a bare rename,
@@ -22,7 +23,8 @@ from:
 
 Columns that decide which rows exist (a ``Filter``'s condition, a ``Join``'s
 condition, an ``Aggregate``'s grouping, a ``Sort``'s order, a ``Window``'s
-partitioning; ``CONDITIONAL`` for any other node's expressions) are
+partitioning; ``CONDITIONAL`` for any other node's expressions, and every
+column of a ``Distinct``) are
 indirect dependencies of the whole output: they are returned with the
 output column :data:`~trace_core.dag.lineage.DATASET_WIDE`.
 """
@@ -33,8 +35,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from trace_core.dag.lineage import DATASET_WIDE, DIRECT_KINDS, ColumnEdge, merge_edges
+from trace_core.errors import TraceError
 
-__all__ = ["PlanAttribute", "PlanExpression", "PlanNode", "plan_lineage"]
+__all__ = ["LineageUnavailable", "PlanAttribute", "PlanExpression", "PlanNode", "plan_lineage"]
 
 # One source: (input dataset, input column, kind).
 _Source = tuple[str, str, str]
@@ -48,6 +51,11 @@ _INDIRECT_BY_NODE = {
 }
 
 
+class LineageUnavailable(TraceError):
+    """No analyzed plan to derive lineage from (the session gives none, or
+    the plan's text cannot be read): the operator declares its lineage."""
+
+
 @dataclass(frozen=True)
 class PlanAttribute:
     """An output attribute of a plan node: its name and ``exprId``."""
@@ -58,7 +66,7 @@ class PlanAttribute:
 
 @dataclass(frozen=True)
 class PlanExpression:
-    """An expression of a plan node: the ``exprId``\\ s it references; for a
+    """An expression of a plan node: the exprIds it references; for a
     definition (an ``Alias``) also the ``exprId`` it defines and its kind
     (``IDENTITY``, ``TRANSFORMATION`` or ``AGGREGATION``)."""
 
@@ -115,13 +123,21 @@ class _Walk:
                 )
         rows = frozenset((ds, "*", "AGGREGATION") for srcs in env.values() for ds, _, _ in srcs)
         self._indirect(env, plan.grouping, "GROUP_BY")
+        if plan.kind == "Distinct":
+            # a Deduplicate of every column (Connect plans distinct() as one)
+            every = PlanExpression(tuple(a.expr_id for a in plan.output))
+            self._indirect(env, [every], "CONDITIONAL")
         for expr in plan.expressions:
             if expr.defines is not None:
                 env[expr.defines] = self._defined(env, expr, rows)
             elif plan.kind not in ("Project", "Aggregate"):
                 self._indirect(env, [expr], _INDIRECT_BY_NODE.get(plan.kind, "CONDITIONAL"))
+        # An input's column where the plan introduces it: not where a node
+        # passes a child's attribute on (a Union's output reuses its first
+        # child's exprIds, yet comes from every child).
+        below = {a.expr_id for child in plan.children for a in child.output}
         for attr in plan.output:
-            if (source := self.known.get(attr.expr_id)) is not None:
+            if attr.expr_id not in below and (source := self.known.get(attr.expr_id)):
                 env[attr.expr_id] = frozenset({source})
         return env
 

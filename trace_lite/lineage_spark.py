@@ -7,12 +7,14 @@ two front ends:
 - a classic session: ``df._jdf.queryExecution().analyzed()``, the JVM plan
   reached through Py4J (this module). An input DataFrame's columns are
   recognised by ``exprId``: the output's plan embeds the inputs' analyzed
-  plans with their attributes.
+  plans with their attributes; an input the plan holds twice (a self-join)
+  is re-instanced with new exprIds, so inputs are also recognised by
+  the shape of their plan, as on Connect.
 - a Spark Connect session: the client holds no JVM plan, but the server
   explains one: the analyzed plan's text (``AnalyzePlan``'s explain, as
   ``df.explain(extended=True)`` prints it), parsed by
   :mod:`trace_lite.lineage_plan_text`. The server analyzes every request
-  anew, so the inputs' ``exprId``\\ s differ between the inputs' and the
+  anew, so the inputs' exprIds differ between the inputs' and the
   output's analysis: an input is recognised by the shape of its plan.
 
 Where no plan can be had (a Connect session whose server refuses the
@@ -23,21 +25,24 @@ is raised and the operator declares its lineage
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from trace_core.dag.lineage import ColumnEdge
-from trace_core.errors import TraceError
-from trace_lite.lineage_plan import PlanAttribute, PlanExpression, PlanNode, plan_lineage
+from trace_lite.lineage_plan import (
+    LineageUnavailable,
+    PlanAttribute,
+    PlanExpression,
+    PlanNode,
+    plan_lineage,
+)
+from trace_lite.lineage_plan_text import derive_connect_lineage, inputs_by_shape
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
 __all__ = ["LineageUnavailable", "derive_lineage", "jvm_plan"]
-
-
-class LineageUnavailable(TraceError):
-    """The session gives no analyzed plan to derive lineage from."""
 
 
 def derive_lineage(output: DataFrame, inputs: Mapping[str, DataFrame]) -> list[ColumnEdge]:
@@ -50,15 +55,21 @@ def derive_lineage(output: DataFrame, inputs: Mapping[str, DataFrame]) -> list[C
     """
     jdf = getattr(output, "_jdf", None)
     if jdf is None:
-        from trace_lite.lineage_plan_text import derive_connect_lineage
-
         return derive_connect_lineage(output, inputs)
+    analyzed = jdf.queryExecution().analyzed()
     known: dict[int, tuple[str, str]] = {}
+    shapes = {}
     for name, frame in inputs.items():
         plan = frame._jdf.queryExecution().analyzed()
+        shapes[name] = str(plan.treeString())
         for attr in _seq(plan.output()):
             known[_id(attr)] = (name, str(attr.name()))
-    return plan_lineage(jvm_plan(jdf.queryExecution().analyzed()), known)
+    # An input read twice (a self-join, a union with itself) is re-instanced
+    # with new exprIds: its shape still says which it is. Without a readable
+    # text, the exprIds alone (the inputs as the plan first holds them).
+    with contextlib.suppress(LineageUnavailable):
+        known |= inputs_by_shape(str(analyzed.treeString()), shapes)
+    return plan_lineage(jvm_plan(analyzed), known)
 
 
 def jvm_plan(plan: Any) -> PlanNode:
