@@ -13,16 +13,19 @@ and nothing is recorded.
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from trace_core.dag.lineage import take_lineage
-from trace_core.errors import InvalidInput
+from trace_core.errors import InvalidInput, NotFound
 from trace_core.storage.ports.lineage import NewLineageEdge
 from trace_core.storage.protocol import Transaction
 
 __all__ = ["carries_lineage", "record_output_lineage"]
+
+log = logging.getLogger(__name__)
 
 
 def carries_lineage(outputs: Sequence[Mapping[str, Any]] | None) -> bool:
@@ -55,10 +58,19 @@ async def record_output_lineage(
         if foreign:
             names = ", ".join(sorted(map(str, foreign)))
             raise InvalidInput("outputs.lineage", f"datasets {names} are not inputs of the job")
-        await tx.lineage.record(
-            item.dataset_uuid,
-            task.job_id,
-            edges,
-            dataset_version=versions.get(item.dataset_uuid),
-        )
+        try:
+            await tx.lineage.record(
+                item.dataset_uuid,
+                task.job_id,
+                edges,
+                dataset_version=versions.get(item.dataset_uuid),
+            )
+        except NotFound:
+            # No version of the output to hang the lineage on: bookkeeping
+            # must not fail the completion that commits the output.
+            log.warning(
+                "task %s: lineage of dataset %s not recorded: no version",
+                task_id,
+                item.dataset_uuid,
+            )
     return kept
