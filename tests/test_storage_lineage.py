@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import uuid
 from datetime import timedelta
 from pathlib import Path
@@ -18,6 +19,7 @@ from trace_core.storage.migrate import head_revision, schema_diff, upgrade
 from trace_core.storage.ports import LineageRow, NewLineageEdge
 from trace_core.storage.sql import SqlRepository
 from trace_core.storage.url import create_sync_engine, parse_database_url
+from trace_lite.lineage_cli import LINEAGE_COMMANDS, lineage_lines
 
 pytestmark = pytest.mark.anyio
 
@@ -316,3 +318,35 @@ def test_migration_0007_backfills_versions_and_kinds(url_at_0006: str, clock: Ma
         ],
         key=str,
     )
+
+
+async def test_the_cli_shows_kinds_and_reads_an_asked_version(
+    repo: SqlRepository, clock: ManualClock
+) -> None:
+    await chain(repo, clock)
+    building = await build_dag(repo, clock.now(), [CHAIN[2]], status="building")
+    new = version("alerts", "building")
+    async with repo.transaction() as tx:
+        await tx.lineage.record(
+            ds("alerts"),
+            building["alerts"],
+            [NewLineageEdge("level", ds("range_aggregates"), "failed_count", "IDENTITY")],
+            dataset_version=new,
+        )
+
+    def args(*extra: str) -> argparse.Namespace:
+        parser = argparse.ArgumentParser()
+        (command,) = LINEAGE_COMMANDS
+        command.arguments(parser)
+        return parser.parse_args(["alerts", "--org", "acme", "--direction", "up", *extra])
+
+    current = "\n".join(await lineage_lines(repo, args("--depth", "1")))
+    asked = "\n".join(
+        await lineage_lines(repo, args("--depth", "1", "--dataset-version", str(new)))
+    )
+    assert "alerts.value  range_aggregates.tx_count      TRANSFORMATION" in current
+    assert "level" not in current
+    assert "alerts.level  range_aggregates.failed_count  IDENTITY" in asked
+    assert "alerts.value" not in asked
+    with pytest.raises(SystemExit):
+        args("--dataset-version", "not-a-version")
