@@ -9,7 +9,14 @@ from typing import Any
 
 import pytest
 
-from trace_core.dag.lineage import ColumnEdge, lineage_output, parse_declared, take_lineage
+from trace_core.dag.lineage import (
+    DIRECT_KINDS,
+    INDIRECT_KINDS,
+    ColumnEdge,
+    lineage_output,
+    parse_declared,
+    take_lineage,
+)
 from trace_core.errors import InvalidInput
 from trace_core.storage.ports import LineageRow
 from trace_lite.lineage_openlineage import openlineage_events
@@ -42,6 +49,9 @@ def check_run_event(event: dict[str, Any]) -> None:
             assert all(isinstance(source[k], str) for k in INPUT_FIELD)
             for t in source.get("transformations", []):
                 assert t["type"] in ("DIRECT", "INDIRECT")
+                assert t.get("subtype", "") in ("", *DIRECT_KINDS, *INDIRECT_KINDS)
+                subtypes = DIRECT_KINDS if t["type"] == "DIRECT" else INDIRECT_KINDS
+                assert "subtype" not in t or t["subtype"] in subtypes
 
 
 def test_declared_lineage_is_validated_naming_the_field() -> None:
@@ -111,28 +121,55 @@ def test_alert_lineage_follows_the_rules_and_the_where() -> None:
 
 
 def test_the_openlineage_event_has_the_facet_shape() -> None:
-    ds_in, ds_out, job = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
+    ds_in, ds_out, job, version = uuid.uuid4(), uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
     rows = [
-        LineageRow(1, "agg", "total", "orders", "amount", ds_out, ds_in, job),
-        LineageRow(1, "agg", "*", "orders", "status", ds_out, ds_in, job),
+        LineageRow(
+            1, "agg", "total", "orders", "amount", ds_out, ds_in, job, "AGGREGATION", version
+        ),
+        LineageRow(1, "agg", "*", "orders", "status", ds_out, ds_in, job, "FILTER", version),
+        LineageRow(1, "agg", "*", "orders", "day", ds_out, ds_in, job, "GROUP_BY", version),
+        LineageRow(1, "agg", "*", "orders", "day", ds_out, ds_in, job, "JOIN", version),
+        # recorded before kinds were kept: a type without subtype
+        LineageRow(1, "agg", "count", "orders", "id", ds_out, ds_in, job, "DIRECT", version),
     ]
     (event,) = openlineage_events(
         rows, org="acme", jobs={job: "shop.aggregate"}, event_time=datetime.now(UTC)
     )
     check_run_event(event)
-    facet = event["outputs"][0]["facets"]["columnLineage"]
+    facets = event["outputs"][0]["facets"]
+    facet = facets["columnLineage"]
+    source = {"namespace": "trace://acme", "name": "orders"}
     assert facet["fields"] == {
         "total": {
             "inputFields": [
                 {
-                    "namespace": "trace://acme",
-                    "name": "orders",
+                    **source,
                     "field": "amount",
-                    "transformations": [{"type": "DIRECT"}],
+                    "transformations": [{"type": "DIRECT", "subtype": "AGGREGATION"}],
                 }
             ]
-        }
+        },
+        "count": {
+            "inputFields": [{**source, "field": "id", "transformations": [{"type": "DIRECT"}]}]
+        },
     }
-    assert [d["field"] for d in facet["dataset"]] == ["status"]
+    # one entry per input field, with each of its kinds
+    assert facet["dataset"] == [
+        {
+            **source,
+            "field": "day",
+            "transformations": [
+                {"type": "INDIRECT", "subtype": "GROUP_BY"},
+                {"type": "INDIRECT", "subtype": "JOIN"},
+            ],
+        },
+        {
+            **source,
+            "field": "status",
+            "transformations": [{"type": "INDIRECT", "subtype": "FILTER"}],
+        },
+    ]
+    assert facets["version"]["datasetVersion"] == str(version)
+    assert facets["version"]["_schemaURL"].endswith("DatasetVersionDatasetFacet")
     assert event["job"]["name"] == "shop.aggregate"
     assert event["inputs"] == [{"namespace": "trace://acme", "name": "orders"}]

@@ -112,6 +112,16 @@ async def test_the_chain_pipeline_lineage_is_recorded_read_and_exported(
     expected = {("alerts", *e) for e in ALERTS}
     expected |= {("range_aggregates", *e) for e in AGGREGATES if e[0] in read}
     assert stored == expected
+    kinds = {(r.output_name, r.output_column, r.input_name, r.input_column, r.kind) for r in rows}
+    assert {
+        ("range_aggregates", "tx_count", "transactions", "*", "AGGREGATION"),
+        ("range_aggregates", "*", "transactions", "value", "FILTER"),
+        ("range_aggregates", "*", "transactions", "block_number", "GROUP_BY"),
+        ("range_aggregates", "*", "transactions", "block_number", "JOIN"),
+        ("alerts", "value", "range_aggregates", "tx_count", "IDENTITY"),
+    } <= kinds
+    # each recorded for the version it committed (one per dataset here)
+    assert None not in {r.dataset_version for r in rows}
 
     capsys.readouterr()
     db = ["--db", database_url]
@@ -121,6 +131,8 @@ async def test_the_chain_pipeline_lineage_is_recorded_read_and_exported(
     up, down = text.split("downstream of range_aggregates.tx_count")
     assert "upstream of range_aggregates.tx_count" in up
     assert "range_aggregates.tx_count  transactions.*" in up
+    (line,) = [x for x in up.splitlines() if "range_aggregates.tx_count  transactions.*" in x]
+    assert line.split()[-1] == "AGGREGATION"  # the kind column
     assert "range_aggregates (rows)    transactions.value" in up
     assert "success" not in up  # another column's source
     assert "alerts.value" in down and "alerts (rows)" in down
@@ -143,6 +155,12 @@ async def test_the_chain_pipeline_lineage_is_recorded_read_and_exported(
         "range_aggregates.tx_count",
         "range_aggregates.failed_count",
     }
+    subtypes = {
+        t.get("subtype")
+        for f in facet["fields"]["value"]["inputFields"]
+        for t in f["transformations"]
+    }
+    assert subtypes == {"IDENTITY"}
     assert events[0]["job"] == {"namespace": "trace://default", "name": "chain.alerts"}
 
     assert await anyio.to_thread.run_sync(main, ["lineage", "nope", *db]) == 1

@@ -58,11 +58,42 @@ async def test_a_completion_records_its_outputs_lineage_and_a_stale_one_nothing(
         stored = await tx.connection.execute(
             sa.select(schema.tasks.c.outputs).where(schema.tasks.c.id == created.task_id)
         )
-    assert (row.output_column, row.input_name, row.input_column, row.job_id) == (
+    assert (row.output_column, row.input_name, row.input_column, row.job_id, row.kind) == (
         "total",
         "tx",
         "value",
         jobs["agg"],
+        "AGGREGATION",
     )
+    # recorded for the version of the output the task's DAG version points at
+    assert row.dataset_version == stable_id("dataset-version", "acme", "dex", "current", "out")
     # the task keeps its outputs without the lineage
     assert stored.scalar_one() == [{"rows": 3}]
+
+
+async def test_lineage_of_an_output_without_a_version_does_not_fail_the_completion(
+    repo: SqlRepository, clock: ManualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    jobs = await build_dag(repo, clock.now(), [JobDef("agg", inputs=("tx",), outputs=("out",))])
+    async with repo.transaction() as tx:
+        # an output no version was made for (its pointer and version gone)
+        await tx.connection.execute(sa.delete(schema.dag_version_datasets))
+        await tx.connection.execute(sa.delete(schema.dataset_versions))
+        (created,) = await tx.create_tasks([NewTask(jobs["agg"])], now=clock.now())
+    tq = TaskQueue(repo, clock=clock)
+    control = TaskControl(repo, clock=clock, tasks=tq)
+    lease = (await tq.claim(created.task_id, "w")).lease
+    assert lease is not None
+    outputs = [{"rows": 3, "lineage": [["total", str(ds("tx")), "value", "AGGREGATION"]]}]
+
+    await control.complete(
+        Fence(created.task_id, lease.attempt, lease.lease_token), outputs=outputs
+    )
+
+    async with repo.read() as tx:
+        assert await tx.lineage.upstream(ds("out")) == []
+        status = await tx.connection.execute(
+            sa.select(schema.tasks.c.status).where(schema.tasks.c.id == created.task_id)
+        )
+    assert status.scalar_one() == "Completed"
+    assert "not recorded: no version" in caplog.text

@@ -4,9 +4,10 @@ An operator adds ``lineage`` to its result's ``outputs[i]``
 (:func:`~trace_core.dag.lineage.lineage_output` rows); the control plane
 records it with the completion (:mod:`trace_core.dag.lineage_record`).
 
-- Spark operators derive it from the output DataFrame's plan
-  (:func:`spark_output_lineage`), once per job and output version in a
-  process (every partition of a version runs the same plan).
+- Spark operators derive it from the output DataFrame's analyzed plan
+  (:func:`spark_output_lineage`), on classic and Spark Connect sessions,
+  once per job and output version in a process (every partition of a
+  version runs the same plan).
 - Other operators declare it in code, or the job's ``config.lineage``
   overrides it (:func:`declared_output_lineage`, the form of
   :func:`~trace_core.dag.lineage.parse_declared`).
@@ -51,7 +52,7 @@ def spark_output_lineage(
     inputs: Sequence[Mapping[str, Any]],
 ) -> list[list[str]] | None:
     """The lineage rows of ``output`` over ``frames`` (the inputs as read, by
-    dataset name), or ``None`` where the session gives no plan (Connect)."""
+    dataset name), or ``None`` where no plan can be read (logged)."""
     from trace_lite.lineage_spark import LineageUnavailable, derive_lineage
 
     key = (str(job.get("id")), str(output_entry.get("dataset_version")))

@@ -3,13 +3,16 @@
 Reads the recorded column lineage (the ``lineage`` area of the state
 database): upstream (what the dataset, or its column, is computed from,
 transitively) and downstream (what is computed from it), to ``--depth``
-levels. ``--openlineage FILE|URL`` also writes the upstream lineage as
-OpenLineage run events (:mod:`trace_lite.lineage_openlineage`).
+levels, with each edge's kind; each dataset's current version's lineage
+(``--dataset-version ID``: that version of DATASET's, upstream). ``--openlineage
+FILE|URL`` also writes the upstream lineage as OpenLineage run events
+(:mod:`trace_lite.lineage_openlineage`).
 """
 
 from __future__ import annotations
 
 import argparse
+import uuid
 from datetime import UTC, datetime
 
 from trace_core.dag.lineage import DATASET_WIDE
@@ -35,10 +38,25 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
         "--depth", type=positive_int("--depth"), default=10, help="levels to follow (10)"
     )
     parser.add_argument(
+        "--dataset-version",
+        type=_version_id,
+        metavar="ID",
+        help="upstream of this dataset version of DATASET (default: the current one)",
+    )
+    parser.add_argument(
         "--openlineage",
         metavar="FILE|URL",
         help="also write the upstream lineage as OpenLineage run events (JSON lines or POST)",
     )
+
+
+def _version_id(raw: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--dataset-version: {raw!r} is not a dataset version id"
+        ) from None
 
 
 def _column(name: str, column: str) -> str:
@@ -50,10 +68,16 @@ def _table(rows: list[LineageRow]) -> list[str]:
     if not rows:
         return ["  (none recorded)"]
     body = [
-        (r.depth, _column(r.output_name, r.output_column), f"{r.input_name}.{r.input_column}")
+        (
+            r.depth,
+            _column(r.output_name, r.output_column),
+            f"{r.input_name}.{r.input_column}",
+            r.kind,
+        )
         for r in rows
     ]
-    return ["  " + line for line in render_table(("depth", "output", "computed from"), body)]
+    header = ("depth", "output", "computed from", "kind")
+    return ["  " + line for line in render_table(header, body)]
 
 
 async def lineage_lines(repo: SqlRepository, args: argparse.Namespace) -> list[str]:
@@ -66,7 +90,12 @@ async def lineage_lines(repo: SqlRepository, args: argparse.Namespace) -> list[s
         if org is None or not found:
             raise NotFound(f"no dataset {args.dataset!r} in org {args.org!r}")
         dataset = found[0].dataset_uuid
-        up = await tx.lineage.upstream(dataset, args.column, max_depth=args.depth)
+        up = await tx.lineage.upstream(
+            dataset,
+            args.column,
+            max_depth=args.depth,
+            dataset_version=getattr(args, "dataset_version", None),
+        )
         down = await tx.lineage.downstream(dataset, args.column, max_depth=args.depth)
         jobs = {}
         if args.openlineage:

@@ -27,6 +27,7 @@ from trace_core.security.people_tokens import (
     PeopleTokenSettings,
     PeopleTokenVerifier,
     http_jwks_fetch,
+    people_jwks_cache,
 )
 from trace_core.security.tokens import TOKEN_ALG, TOKEN_TYP, sign_jws
 from trace_core.storage.protocol import Repository
@@ -110,7 +111,8 @@ def people_api(
             cache, issuer=LOCAL_ISSUER, audience=LOCAL_AUDIENCE, clock=clock
         )
     else:
-        cache = JwksCache(http_jwks_fetch(settings.effective_jwks_url), clock)
+        fetch = http_jwks_fetch(settings.effective_jwks_url)
+        cache = people_jwks_cache(fetch, clock, settings.algorithms)
         verifier = PeopleTokenVerifier(
             cache,
             issuer=settings.issuer,

@@ -3,24 +3,29 @@
 The completion that commits an output (its final events, in one
 transaction) records the lineage reported in ``outputs[i]["lineage"]`` for
 the job's output ``i``; the entry is taken out of the outputs kept on the
-task. Recording replaces the dataset's previous lineage, so a
-rematerialization (a new dataset version, a new operator) records its own.
+task, with each edge's kind, for the dataset version the task's DAG
+version points at: a rematerialization (a new dataset version, a new
+operator) records its own next to the older version's (reads answer the
+current version's). A repeated completion of the same version replaces it.
 If the completion is refused (a stale attempt), the transaction rolls back
 and nothing is recorded.
 """
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from trace_core.dag.lineage import take_lineage
-from trace_core.errors import InvalidInput
+from trace_core.errors import InvalidInput, NotFound
 from trace_core.storage.ports.lineage import NewLineageEdge
 from trace_core.storage.protocol import Transaction
 
 __all__ = ["carries_lineage", "record_output_lineage"]
+
+log = logging.getLogger(__name__)
 
 
 def carries_lineage(outputs: Sequence[Mapping[str, Any]] | None) -> bool:
@@ -42,9 +47,10 @@ async def record_output_lineage(
     if task is None:
         return [{k: v for k, v in o.items() if k != "lineage"} for o in outputs or ()]
     kept, found = take_lineage(outputs, task.output_datasets)
+    versions = dict(zip(task.output_datasets, task.output_versions, strict=False))
     for item in found:
         edges = [
-            NewLineageEdge(e.output_column, uuid.UUID(e.input_dataset), e.input_column)
+            NewLineageEdge(e.output_column, uuid.UUID(e.input_dataset), e.input_column, e.kind)
             for e in item.edges
         ]
         # a worker names only datasets its job reads (never another org's)
@@ -52,5 +58,19 @@ async def record_output_lineage(
         if foreign:
             names = ", ".join(sorted(map(str, foreign)))
             raise InvalidInput("outputs.lineage", f"datasets {names} are not inputs of the job")
-        await tx.lineage.record(item.dataset_uuid, task.job_id, edges)
+        try:
+            await tx.lineage.record(
+                item.dataset_uuid,
+                task.job_id,
+                edges,
+                dataset_version=versions.get(item.dataset_uuid),
+            )
+        except NotFound:
+            # No version of the output to hang the lineage on: bookkeeping
+            # must not fail the completion that commits the output.
+            log.warning(
+                "task %s: lineage of dataset %s not recorded: no version",
+                task_id,
+                item.dataset_uuid,
+            )
     return kept

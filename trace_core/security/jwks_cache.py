@@ -8,24 +8,42 @@ outage of the JWKS endpoint is not hammered either.
 
 Entries are imported strictly (EC, P-256, ``use=sig``, ``alg=ES256``, a kid,
 no private members, a point on the curve); anything else is ignored, and a
-kid listed twice is dropped altogether rather than guessed at.
+kid listed twice is dropped altogether rather than guessed at. A cache
+configured with ``RS256`` among its ``algorithms`` (people's tokens from an
+identity provider that signs with RSA) also imports RSA entries of 2048 bits
+or more (:mod:`trace_core.security.jwks_rsa`); by default, and always for
+capability tokens, it imports P-256 keys only.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
 import anyio
-from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
 from trace_core.clock import Clock
 from trace_core.errors import ConfigurationError, TraceError
-from trace_core.security.jwk import public_key_from_jwk
+from trace_core.security.jwk import JWK_ALG, public_key_from_jwk
+from trace_core.security.jwks_rsa import RSA_ALG, rsa_public_key_from_jwk
 
-__all__ = ["JwksCache", "JwksFetch", "JwksUnavailable", "parse_jwks"]
+__all__ = [
+    "JWKS_ALGORITHMS",
+    "JwksCache",
+    "JwksFetch",
+    "JwksUnavailable",
+    "VerifyingKey",
+    "parse_jwks",
+]
+
+VerifyingKey = ec.EllipticCurvePublicKey | rsa.RSAPublicKey
+"""A public key a JWKS yields: P-256 (verifies ES256) or RSA (verifies RS256)."""
+
+JWKS_ALGORITHMS = frozenset({JWK_ALG, RSA_ALG})
+"""The algorithms whose keys a JWKS cache can import."""
 
 log = logging.getLogger(__name__)
 
@@ -41,22 +59,25 @@ class JwksUnavailable(TraceError):
     """No JWKS document could be obtained to look a kid up (retry later)."""
 
 
-def parse_jwks(document: object) -> dict[str, ec.EllipticCurvePublicKey]:
-    """Return ``{kid: public key}`` for the usable entries of a JWKS document.
+def parse_jwks(
+    document: object, *, algorithms: Collection[str] = (JWK_ALG,)
+) -> dict[str, VerifyingKey]:
+    """Return ``{kid: public key}`` for the usable entries of a JWKS document:
+    P-256 keys where ``algorithms`` holds ES256, RSA keys where it holds RS256.
 
     Raises ``ValueError`` if the document itself is malformed (not an object
     with a ``keys`` list); unusable entries are skipped and logged.
     """
     if not isinstance(document, Mapping) or not isinstance(document.get("keys"), list):
         raise ValueError("a JWKS document is an object with a 'keys' list")
-    keys: dict[str, ec.EllipticCurvePublicKey] = {}
+    keys: dict[str, VerifyingKey] = {}
     duplicated: set[str] = set()
     for index, entry in enumerate(document["keys"]):
         if not isinstance(entry, Mapping):
             log.warning("JWKS entry %d ignored: not an object", index)
             continue
         try:
-            key = public_key_from_jwk(entry)
+            key = _import(entry, algorithms)
         except ValueError as exc:
             log.warning("JWKS entry %d ignored: %s", index, exc)
             continue
@@ -71,6 +92,16 @@ def parse_jwks(document: object) -> dict[str, ec.EllipticCurvePublicKey]:
     return keys
 
 
+def _import(entry: Mapping[str, Any], algorithms: Collection[str]) -> VerifyingKey:
+    # The entry's kty picks the importer; the configuration decides whether
+    # that kind of key is wanted at all.
+    if entry.get("kty") == "RSA" and RSA_ALG in algorithms:
+        return rsa_public_key_from_jwk(entry)
+    if JWK_ALG not in algorithms:
+        raise ValueError(f"only {RSA_ALG} keys are configured")
+    return public_key_from_jwk(entry)
+
+
 class JwksCache:
     """Caches the JWKS and serves public keys by kid (a verifier's key source)."""
 
@@ -81,6 +112,7 @@ class JwksCache:
         *,
         min_refresh_interval_seconds: float = 30.0,
         max_age_seconds: float = 300.0,
+        algorithms: Collection[str] = (JWK_ALG,),
     ) -> None:
         if not min_refresh_interval_seconds > 0:
             raise ConfigurationError("JwksCache.min_refresh_interval_seconds must be > 0")
@@ -88,17 +120,28 @@ class JwksCache:
             raise ConfigurationError(
                 "JwksCache.max_age_seconds must be >= min_refresh_interval_seconds"
             )
+        unknown = set(algorithms) - JWKS_ALGORITHMS
+        if not algorithms or unknown:
+            raise ConfigurationError(
+                f"JwksCache.algorithms must be among {', '.join(sorted(JWKS_ALGORITHMS))}"
+            )
+        self._algorithms = frozenset(algorithms)
         self._fetch = fetch
         self._clock = clock
         self._min_interval = timedelta(seconds=min_refresh_interval_seconds)
         self._max_age = timedelta(seconds=max_age_seconds)
-        self._keys: dict[str, ec.EllipticCurvePublicKey] | None = None
+        self._keys: dict[str, VerifyingKey] | None = None
         self._fetched_at: datetime | None = None
         self._attempted_at: datetime | None = None
         self._fetches = 0
         self._last_fetch_ok = False
         # One refresh at a time: tasks that miss together wait for the same fetch.
         self._lock = anyio.Lock()
+
+    @property
+    def algorithms(self) -> frozenset[str]:
+        """The algorithms whose keys this cache imports."""
+        return self._algorithms
 
     @property
     def fetches(self) -> int:
@@ -109,7 +152,7 @@ class JwksCache:
         """The kids of the cached document (empty before the first fetch)."""
         return frozenset(self._keys or ())
 
-    async def public_key(self, kid: str) -> ec.EllipticCurvePublicKey | None:
+    async def public_key(self, kid: str) -> VerifyingKey | None:
         """The key for ``kid``, refreshing if the copy is stale or misses the kid.
 
         Returns ``None`` for a kid the (possibly refreshed) document lacks.
@@ -134,7 +177,7 @@ class JwksCache:
             if not await self._fetch_now():
                 raise JwksUnavailable("the task JWKS could not be fetched")
 
-    def _lookup(self, kid: str) -> ec.EllipticCurvePublicKey | None:
+    def _lookup(self, kid: str) -> VerifyingKey | None:
         return None if self._keys is None else self._keys.get(kid)
 
     def _is_stale(self) -> bool:
@@ -159,7 +202,7 @@ class JwksCache:
         self._attempted_at = self._clock.now()
         self._fetches += 1
         try:
-            keys = parse_jwks(await self._fetch())
+            keys = parse_jwks(await self._fetch(), algorithms=self._algorithms)
         except Exception:
             # Transport errors come in any type (httpx, OSError, ...); keep the
             # copy we have: it only lists keys that were valid recently.

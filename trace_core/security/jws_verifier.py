@@ -7,8 +7,11 @@ parts; strict base64url JSON header and payload (no duplicate members, no
 non-finite numbers); the header's ``alg`` and ``typ`` among the accepted
 ones, no ``crit``, no member that points at another key (``jwk``, ``jku``,
 ``x5*``) or changes the payload's encoding (``b64``), a ``kid``; the key
-looked up by ``kid`` in the configured source only; a raw 64-byte ``r||s``
-signature in range; PyJWT's signature, issuer, audience and required-claims
+looked up by ``kid`` in the configured source only, and of the type the
+header's (configured) ``alg`` needs (ES256: a P-256 key; RS256: an RSA key,
+for people's tokens only): the key, not the token, decides the algorithm; a
+raw 64-byte ``r||s`` signature in range (ES256) or one the size of the
+modulus (RS256); PyJWT's signature, issuer, audience and required-claims
 checks on a private PyJWT instance; then ``exp``/``nbf``/``iat`` as integers
 against the injected clock with a bounded leeway. Every refusal is an
 :class:`~trace_core.security.claims.InvalidCapability` with a stable reason.
@@ -21,7 +24,7 @@ from collections.abc import Collection
 from typing import Any, Protocol
 
 import jwt
-from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from jwt import exceptions as jwt_errors
 
 from trace_core.clock import Clock
@@ -29,7 +32,7 @@ from trace_core.errors import ConfigurationError
 from trace_core.security.b64url import b64url_decode
 from trace_core.security.claims import InvalidCapability
 from trace_core.security.jwks import MAX_LEEWAY_SECONDS
-from trace_core.security.jwks_cache import JwksUnavailable
+from trace_core.security.jwks_cache import JwksUnavailable, VerifyingKey
 from trace_core.security.signing import MalformedSignature, check_raw_signature
 
 __all__ = ["JwsVerifier", "PublicKeySource"]
@@ -67,10 +70,31 @@ def _json_object(segment: str, what: str) -> dict[str, Any]:
     return value
 
 
+def _check_key_and_signature(alg: str, key: VerifyingKey, signature: bytes) -> None:
+    """The key's type decides what it verifies: a P-256 key ES256, an RSA key
+    RS256. A header naming the other (both configured) is refused before any
+    signature check, and the signature must have the algorithm's shape."""
+    if alg == "RS256" and isinstance(key, rsa.RSAPublicKey):
+        if len(signature) != (key.key_size + 7) // 8:
+            raise InvalidCapability(
+                "malformed_signature", "the signature is not the size of the RSA modulus"
+            )
+        return
+    if alg == "ES256" and isinstance(key, ec.EllipticCurvePublicKey):
+        try:
+            check_raw_signature(signature)
+        except MalformedSignature:
+            raise InvalidCapability(
+                "malformed_signature", "the signature is not 64 raw bytes r||s in range"
+            ) from None
+        return
+    raise InvalidCapability("unsupported_alg", "the token's alg is not the one its key is for")
+
+
 class PublicKeySource(Protocol):
     """Looks public keys up by kid: a :class:`JwksCache`, or a :class:`KeyRing` in-process."""
 
-    async def public_key(self, kid: str) -> ec.EllipticCurvePublicKey | None:
+    async def public_key(self, kid: str) -> VerifyingKey | None:
         """The key for ``kid``, or ``None`` if unknown; may raise ``JwksUnavailable``."""
         ...
 
@@ -148,13 +172,9 @@ class JwsVerifier:
             raise InvalidCapability("jwks_unavailable", "the JWKS could not be fetched") from None
         if public_key is None:
             raise InvalidCapability("unknown_kid", "no published key has the token's kid")
-        try:
-            check_raw_signature(signature)
-        except MalformedSignature:
-            raise InvalidCapability(
-                "malformed_signature", "the signature is not 64 raw bytes r||s in range"
-            ) from None
-        payload = self._decode(token, public_key)
+        alg = header["alg"]
+        _check_key_and_signature(alg, public_key, signature)
+        payload = self._decode(token, public_key, alg)
         self._check_times(payload)
         return payload
 
@@ -179,12 +199,13 @@ class JwsVerifier:
             raise InvalidCapability("bad_header", "the header has no kid")
         return kid
 
-    def _decode(self, token: str, public_key: ec.EllipticCurvePublicKey) -> dict[str, Any]:
+    def _decode(self, token: str, public_key: VerifyingKey, alg: str) -> dict[str, Any]:
         try:
             return self._jwt.decode(
                 token,
                 key=public_key,
-                algorithms=self._algorithms,
+                # the one algorithm the key is for (checked against the header)
+                algorithms=[alg],
                 audience=self._audience,
                 issuer=self._issuer,
                 options={

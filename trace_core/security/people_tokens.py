@@ -13,9 +13,14 @@ is :class:`~trace_core.security.claims.InvalidCapability` with a ``reason``
 
 Differences from capability tokens, because an IdP mints these: ``typ`` may
 be absent, ``JWT`` or ``at+jwt`` (RFC 9068); ``nbf`` and ``jti`` are optional
-(``nbf`` is checked when present). Only ``ES256`` is accepted today: the
-JWKS cache imports EC P-256 keys only (``RS256`` is refused at configuration
-time with a clear error, never silently accepted).
+(``nbf`` is checked when present); ``RS256`` may be configured besides (or
+instead of) ``ES256``, as many identity providers sign with RSA only. The
+configuration decides, never the token: a header ``alg`` outside the
+configured list is refused, the JWKS cache imports RSA keys (2048 bits or
+more) only for a verifier configured with ``RS256``
+(:func:`people_jwks_cache`), and a key verifies only its own algorithm
+(P-256: ES256, RSA: RS256), so a token cannot switch one for the other.
+``none`` and ``HS*`` are refused at configuration time.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from trace_core.clock import Clock
 from trace_core.errors import ConfigurationError
 from trace_core.security.claims import InvalidCapability
 from trace_core.security.jwks import MAX_LEEWAY_SECONDS
-from trace_core.security.jwks_cache import JwksFetch
+from trace_core.security.jwks_cache import JwksCache, JwksFetch
 from trace_core.security.jws_verifier import JwsVerifier, PublicKeySource
 from trace_core.security.tokens import DEFAULT_MAX_TOKEN_BYTES
 
@@ -41,11 +46,11 @@ __all__ = [
     "PeopleTokenVerifier",
     "PersonClaims",
     "http_jwks_fetch",
+    "people_jwks_cache",
 ]
 
-PEOPLE_ALGORITHMS = frozenset({"ES256"})
+PEOPLE_ALGORITHMS = frozenset({"ES256", "RS256"})
 """Algorithms a people-token verifier may be configured with (never none/HS*)."""
-_KNOWN_BUT_UNSUPPORTED = frozenset({"RS256"})
 PEOPLE_REQUIRED_CLAIMS = ("exp", "iat", "aud", "iss", "sub")
 _TYPES = (None, "JWT", "at+jwt")
 
@@ -117,17 +122,18 @@ def check_algorithms(algorithms: Sequence[str]) -> tuple[str, ...]:
     if not algorithms:
         raise ConfigurationError("people token algorithms: at least one is required")
     for alg in algorithms:
-        if alg in _KNOWN_BUT_UNSUPPORTED:
-            raise ConfigurationError(
-                f"people token algorithm {alg} is not supported yet (the JWKS cache imports "
-                "EC P-256 keys only); use ES256"
-            )
         if alg not in PEOPLE_ALGORITHMS:
             raise ConfigurationError(
                 f"people token algorithm {alg!r} is refused: only "
                 f"{', '.join(sorted(PEOPLE_ALGORITHMS))} (never none or HS*)"
             )
     return tuple(algorithms)
+
+
+def people_jwks_cache(fetch: JwksFetch, clock: Clock, algorithms: Sequence[str]) -> JwksCache:
+    """A JWKS cache for a people-token verifier of ``algorithms``: it imports
+    RSA keys only where they include ``RS256``."""
+    return JwksCache(fetch, clock, algorithms=check_algorithms(algorithms))
 
 
 def http_jwks_fetch(url: str, *, timeout_seconds: float = 5.0) -> JwksFetch:
@@ -159,12 +165,19 @@ class PeopleTokenVerifier(JwsVerifier):
         leeway_seconds: float = 30.0,
         max_token_bytes: int = DEFAULT_MAX_TOKEN_BYTES,
     ) -> None:
+        pinned = check_algorithms(algorithms)
+        if isinstance(keys, JwksCache) and not set(pinned) <= keys.algorithms:
+            # it would drop the keys of the others: every token would be an unknown kid
+            raise ConfigurationError(
+                f"people token algorithms {', '.join(pinned)} need a JWKS cache that imports "
+                "their keys (people_jwks_cache)"
+            )
         super().__init__(
             keys,
             issuer=issuer,
             audience=audience,
             clock=clock,
-            algorithms=check_algorithms(algorithms),
+            algorithms=pinned,
             types=_TYPES,
             required=PEOPLE_REQUIRED_CLAIMS,
             # An identity provider may send aud as a list holding the audience.

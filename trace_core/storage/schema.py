@@ -335,10 +335,19 @@ column_lineage = sa.Table(
     "column_lineage",
     metadata,
     sa.Column("output_dataset_uuid", Uuid(), sa.ForeignKey("datasets.id"), primary_key=True),
+    # protocol (0007): each dataset version keeps its own lineage, so a
+    # rematerialization does not overwrite the version still being read
+    sa.Column("dataset_version", Uuid(), sa.ForeignKey("dataset_versions.id"), primary_key=True),
     sa.Column("output_column", sa.Text(), primary_key=True),
     sa.Column("input_dataset_uuid", Uuid(), sa.ForeignKey("datasets.id"), primary_key=True),
     sa.Column("input_column", sa.Text(), primary_key=True),
+    # protocol (0007): OpenLineage's subtype (IDENTITY ... CONDITIONAL); one pair
+    # of columns can be both a JOIN and a GROUP_BY key, hence in the key.
+    # 'DIRECT' / 'INDIRECT' (no subtype) only on rows recorded before 0007.
+    sa.Column("kind", sa.Text(), primary_key=True),
     sa.Column("job_id", Uuid(), sa.ForeignKey("jobs.id")),
+    # downstream reads look rows up by their input
+    sa.Index("idx_column_lineage_input", "input_dataset_uuid", "input_column"),
 )
 
 operator_state = sa.Table(
