@@ -54,6 +54,28 @@ ALERTS = {
 }
 
 
+def expected_alerts_upstream() -> set[tuple[str, str, str, str]]:
+    """``(output, column, input, column)`` upstream of ``alerts``: the columns
+    alerts read, and what decides their rows, back to the sources."""
+    read = {"block_number", "tx_count", "failed_count", "*"}
+    expected = {("alerts", *e) for e in ALERTS}
+    expected |= {("range_aggregates", *e) for e in AGGREGATES if e[0] in read}
+    return expected
+
+
+async def alerts_upstream(database_url: str) -> list[Any]:
+    """The recorded lineage upstream of the default org's ``alerts`` dataset."""
+    repo = SqlRepository(database_url)
+    try:
+        async with repo.read() as tx:
+            org = await tx.registry.find_org("default")
+            assert org is not None
+            (alerts,) = await tx.registry.datasets_named_or_produced_by(org, names=["alerts"])
+            return list(await tx.lineage.upstream(alerts.dataset_uuid))
+    finally:
+        await repo.close()
+
+
 class _Collector(http.server.BaseHTTPRequestHandler):
     received: list[Any]
 
@@ -97,21 +119,9 @@ async def test_the_chain_pipeline_lineage_is_recorded_read_and_exported(
     out = io.StringIO()
     assert (await run_pipeline(options, out, spark=spark_provider)).finished, out.getvalue()
 
-    repo = SqlRepository(database_url)
-    try:
-        async with repo.read() as tx:
-            org = await tx.registry.find_org("default")
-            assert org is not None
-            (alerts,) = await tx.registry.datasets_named_or_produced_by(org, names=["alerts"])
-            rows = await tx.lineage.upstream(alerts.dataset_uuid)
-    finally:
-        await repo.close()
+    rows = await alerts_upstream(database_url)
     stored = {(r.output_name, r.output_column, r.input_name, r.input_column) for r in rows}
-    # upstream follows the columns alerts read (and what decides their rows)
-    read = {"block_number", "tx_count", "failed_count", "*"}
-    expected = {("alerts", *e) for e in ALERTS}
-    expected |= {("range_aggregates", *e) for e in AGGREGATES if e[0] in read}
-    assert stored == expected
+    assert stored == expected_alerts_upstream()
     kinds = {(r.output_name, r.output_column, r.input_name, r.input_column, r.kind) for r in rows}
     assert {
         ("range_aggregates", "tx_count", "transactions", "*", "AGGREGATION"),

@@ -23,6 +23,7 @@ import pytest
 
 from tests.lite_pipeline import check_outputs, expected_alerts, small_dag, stored_alerts
 from tests.spark_fixtures import TEST_JVM_OPTIONS
+from tests.test_lineage_pipeline import alerts_upstream, expected_alerts_upstream
 from trace_core.storage.sql import SqlRepository
 from trace_lite.buffered import table_name_of
 from trace_lite.status import dataset_statuses
@@ -122,6 +123,11 @@ async def test_the_pipeline_runs_on_spark_connect(connect_url: str, tmp_path: Pa
     alerts = table_name_of(next(s.location for s in statuses if s.name == "alerts"))
     stored = stored_alerts(data_dir / "data.db", alerts)
     assert set(stored) == expected_alerts(BLOCKS, SIZE) and len(stored) == len(set(stored))
+    # Lineage is derived on Connect too (from the analyzed plan's text): the
+    # same table as the classic session's.
+    rows = await alerts_upstream(f"sqlite:///{data_dir / 'trace.db'}")
+    recorded = {(r.output_name, r.output_column, r.input_name, r.input_column) for r in rows}
+    assert recorded == expected_alerts_upstream()
 
 
 # A child process, as above: this one holds classic sessions.
