@@ -69,14 +69,17 @@ class World:
 
 
 @asynccontextmanager
-async def world_of(repo: SqlRepository, clock: ManualClock) -> AsyncIterator[World]:
-    """The app with ``DAG`` deployed in org ``default``."""
+async def world_of(
+    repo: SqlRepository, clock: ManualClock, **app_options: Any
+) -> AsyncIterator[World]:
+    """The app with ``DAG`` deployed in org ``default`` (``app_options``: more of
+    ``create_app``'s, e.g. a query service and its verifier)."""
     dispatcher = Dispatcher(repo, operators=OPERATORS, clock=clock)
     await dispatcher.deploy(parse_dag(DAG, operators=OPERATORS.names()))
     ring = KeyRing(clock)
     ring.bootstrap(PrivateKeySigner.generate())
     api = people_api(repo, clock, ring=ring, environ={})
-    app = create_app(dispatcher, internal_token=TOKEN, people=api)
+    app = create_app(dispatcher, internal_token=TOKEN, people=api, **app_options)
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://trace.test") as client:
         yield World(client, dispatcher, api.service, ring, clock, repo)
