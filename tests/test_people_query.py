@@ -25,10 +25,13 @@ from hypothesis import strategies as st
 from tests.capability_fixtures import make_kit
 from tests.test_people_data import World, world_of
 from tests.test_people_isolation import CHAIN, ROLES, SETS
+from tests.test_query_service import alert, data  # noqa: F401 (the data database fixture)
 from trace_core.clock import ManualClock
 from trace_core.dag import parse_dag
 from trace_core.people import PlatformRole
 from trace_core.storage.sql import SqlRepository
+from trace_lite.buffered import DataDatabase, table_name_of
+from trace_lite.pipeline.operators import ALERT_SCHEMA
 from trace_lite.query_service import SparkQueryService
 from trace_lite.spark import SparkSessionProvider
 
@@ -202,3 +205,56 @@ async def test_a_query_answers_only_rows_of_datasets_the_caller_may_see(
     else:
         _like(answer, await _query(w, sub, template.format(t="nosuch")))
     assert "THEIRS" not in answer.text
+
+
+TABLE_DAG = """
+dag: t
+jobs:
+  - name: src
+    activation: source
+    runtime: ecs_udf
+    operator: follow
+    source: { kind: manual }
+    outputs: [ { dataset: alerts, kind: postgres_table } ]
+"""
+
+
+async def test_a_table_dataset_shows_the_callers_org_rows_only(
+    repo: SqlRepository,
+    clock: ManualClock,
+    spark_provider: SparkSessionProvider,
+    tmp_path: Path,
+    data: DataDatabase,  # noqa: F811 (the imported fixture)
+) -> None:
+    from tests.api_fixtures import OPERATORS
+
+    service = SparkQueryService(
+        spark_provider, tmp_path / "objects", data=data, state=repo, timeout_seconds=300
+    )
+    kit = make_kit(clock)
+    async with world_of(repo, clock, query=service, verifier=kit.verifier) as w:
+        await w.dispatcher.deploy(parse_dag(TABLE_DAG, operators=OPERATORS.names()))
+        await w.user("rita", "reader")
+        mine = await w.operator()
+        async with repo.read() as tx:
+            (alerts,) = [d for d in await tx.catalog.datasets(mine.org_id) if d.name == "alerts"]
+        assert alerts.location is not None
+        # A table two orgs' rows share: the caller's view holds its org's only.
+        table = ALERT_SCHEMA.table(table_name_of(alerts.location))
+        async with data.engine.begin() as conn:
+            await data.ensure_table(conn, table)
+            await conn.execute(
+                data.insert_ignoring_duplicates(table),
+                [
+                    {**alert(key, "warning", 2.0), "org_id": org, "created_at": clock.now()}
+                    for key, org in (("mine", str(mine.org_id)), ("THEIRS", str(uuid.uuid4())))
+                ],
+            )
+        rows = await w.get("rita", "/v1/datasets/alerts/rows")
+        assert rows.status_code == 200, rows.text
+        columns = [c["name"] for c in rows.json()["columns"]]
+        assert "org_id" not in columns
+        keys = [row[columns.index("dedupe_key")] for row in rows.json()["rows"]]
+        assert keys == ["mine"]
+        queried = await _query(w, "rita", "SELECT dedupe_key FROM alerts")
+        assert queried.json()["rows"] == [["mine"]] and "THEIRS" not in queried.text
