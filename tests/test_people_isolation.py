@@ -96,7 +96,9 @@ def _visible(role: PlatformRole, member_of: frozenset[str], read_roles: frozense
     return role is PlatformRole.ADMIN or not read_roles or bool(read_roles & member_of)
 
 
-def _same_as_missing(response: httpx.Response, missing: httpx.Response, swap: tuple[str, str]):  # type: ignore[no-untyped-def]
+def _same_as_missing(
+    response: httpx.Response, missing: httpx.Response, swap: tuple[str, str]
+) -> None:
     assert response.status_code == 404 == missing.status_code, response.text
     assert (
         response.json() == httpx.Response(404, content=missing.text.replace(*swap).encode()).json()
