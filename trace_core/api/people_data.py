@@ -118,8 +118,9 @@ def people_data_router(
 
     @router.post("/dags", response_model=DeployOut, responses=_WRITER)
     async def deploy(who: Who, body: DeployIn) -> DeployOut:
-        """Deploy a DAG file into the caller's org (writer). Inputs must be
-        datasets of the DAG itself or ones the caller may see."""
+        """Deploy a DAG file into the caller's org (writer). Every existing dataset
+        it names, and every dataset the DAG produces today, must be one the
+        caller may see."""
         _need_write(who)
         known = {d.name for d in await catalog.datasets(who)}
         document = parse_dag(
@@ -131,6 +132,7 @@ def people_data_router(
         )
         if document.spec.org is not None and document.spec.org != who.org_slug:
             raise InvalidInput("yaml", "org: names another org than the caller's")
+        await catalog.check_deploy(who, document.spec)
         done = await dispatcher.deploy(document, org_slug=who.org_slug)
         return DeployOut(
             dag_version_id=done.dag_version_id,

@@ -14,9 +14,11 @@ import uuid
 from dataclasses import dataclass
 from typing import Literal
 
-from trace_core.errors import NotFound
+from trace_core.dag.spec import DagSpec
+from trace_core.dag.version_rows import dag_dataset_names
+from trace_core.errors import InvalidInput, NotFound
 from trace_core.people.access import Caller
-from trace_core.people.visibility import visible_to
+from trace_core.people.visibility import may_read, visible_to
 from trace_core.security.claims import DatasetInput
 from trace_core.storage.ports import AttemptRecord, LineageRow
 from trace_core.storage.ports.catalog import (
@@ -132,6 +134,30 @@ class PeopleCatalog:
         if found.current_version is None or found.location is None:
             raise NotFound(f"dataset {name!r} has no live version to read")
         return DatasetInput(found.dataset_uuid, found.current_version, found.location)
+
+    async def check_deploy(self, caller: Caller, spec: DagSpec) -> None:
+        """That ``caller`` may deploy ``spec``: every existing dataset it names, and
+        every dataset the DAG produces today, is visible to them. Otherwise a new
+        version could read a hidden dataset into a visible one.
+
+        Raises :class:`~trace_core.errors.InvalidInput` naming ``yaml``; a hidden
+        dataset the DAG produces today is not named. (A hidden *input* never
+        gets here: the DAG is validated against the visible names first, so it
+        reads as an unknown dataset.)
+        """
+        named = dag_dataset_names(spec)
+        async with self._repo.read() as tx:
+            every = await tx.catalog.datasets(caller.org_id)
+        hidden = [d for d in every if not may_read(caller, d.read_roles)]
+        for dataset in sorted(hidden, key=lambda d: d.name):
+            if dataset.name in named:
+                raise InvalidInput("yaml", f"dataset {dataset.name!r} is not one you may see")
+        if any(d.producer_dag_name == spec.dag for d in hidden):
+            raise InvalidInput(
+                "yaml",
+                f"DAG {spec.dag!r} produces a dataset you may not see: only who may see "
+                "every dataset of a DAG may deploy it",
+            )
 
     async def tasks(
         self,
