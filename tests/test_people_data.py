@@ -377,6 +377,9 @@ async def test_writers_deploy_roll_back_and_trigger_readers_get_403_and_change_n
         redeploy = await world.post("wendy", "/v1/dags", {"yaml": without})
         assert redeploy.status_code == 400 and redeploy.json()["field"] == "yaml"
         assert "blocks" not in redeploy.text and "may not see" in redeploy.text
+        no_rollback = await world.post("wendy", "/v1/dags/api/rollback")
+        assert no_rollback.status_code == 400 and no_rollback.json()["field"] == "dag"
+        assert "blocks" not in no_rollback.text
         fine = await world.post("wendy", "/v1/dags", {"yaml": reader % "doubled"})
         assert fine.status_code == 200 and fine.json()["dag_name"] == "peek"
 

@@ -149,6 +149,7 @@ def people_data_router(
         """Undo the DAG's last deploy (writer); abandoned work is canceled."""
         _need_write(who)
         await catalog.dag(who, dag)  # 404 for no such DAG in the org
+        await catalog.check_dag_writable(who, dag)
         done = await dispatcher.rollback(dag, org_slug=who.org_slug)
         return RollbackOut(
             dag_name=done.dag_name,

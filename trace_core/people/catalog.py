@@ -11,6 +11,7 @@ missing one.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Literal
 
@@ -145,18 +146,25 @@ class PeopleCatalog:
         gets here: the DAG is validated against the visible names first, so it
         reads as an unknown dataset.)
         """
-        named = dag_dataset_names(spec)
+        await self.check_dag_writable(caller, spec.dag, named=dag_dataset_names(spec))
+
+    async def check_dag_writable(
+        self, caller: Caller, dag: str, *, named: Collection[str] = ()
+    ) -> None:
+        """That every dataset DAG ``dag`` produces today, and every existing one of
+        ``named``, is visible to ``caller`` (deploy and rollback change what it
+        produces from what); :class:`~trace_core.errors.InvalidInput` otherwise."""
         async with self._repo.read() as tx:
             every = await tx.catalog.datasets(caller.org_id)
         hidden = [d for d in every if not may_read(caller, d.read_roles)]
         for dataset in sorted(hidden, key=lambda d: d.name):
             if dataset.name in named:
                 raise InvalidInput("yaml", f"dataset {dataset.name!r} is not one you may see")
-        if any(d.producer_dag_name == spec.dag for d in hidden):
+        if any(d.producer_dag_name == dag for d in hidden):
             raise InvalidInput(
-                "yaml",
-                f"DAG {spec.dag!r} produces a dataset you may not see: only who may see "
-                "every dataset of a DAG may deploy it",
+                "dag" if not named else "yaml",
+                f"DAG {dag!r} produces a dataset you may not see: only who may see "
+                "every dataset of a DAG may deploy or roll it back",
             )
 
     async def tasks(
