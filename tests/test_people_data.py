@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.api_fixtures import DAG, OPERATORS, TOKEN
+from tests.api_fixtures import AUTH, DAG, OPERATORS, TOKEN
 from trace_core.api import create_app
 from trace_core.clock import ManualClock
 from trace_core.dag import parse_dag
@@ -173,11 +173,42 @@ async def test_every_read_answers_its_fields(repo: SqlRepository, clock: ManualC
         got = (await world.get("rita", f"/v1/tasks/{run.task_id}")).json()
         assert {k: got[k] for k in task} == task
         assert got["attempts"] == []
+        # One failed attempt: the task, its attempt and its error.
+        claimed = await world.client.post(
+            "/internal/task-claim",
+            json={"task_id": str(run.task_id), "worker_id": "w-1"},
+            headers=AUTH,
+        )
+        lease = claimed.json()
+        failed = await world.client.post(
+            "/internal/task-complete",
+            json={
+                "task_id": str(run.task_id),
+                "attempt": lease["attempt"],
+                "lease_token": lease["lease_token"],
+                "status": "Failed",
+                "error_message": "boom",
+                "retryable": True,
+            },
+            headers=AUTH,
+        )
+        assert failed.status_code == 200, failed.text
+        got = (await world.get("rita", f"/v1/tasks/{run.task_id}")).json()
+        assert got["status"] == "Failed" and got["error_message"] == "boom"
+        assert got["started_at"] is not None and got["next_retry_at"] is not None
+        (attempt,) = got["attempts"]
+        assert (attempt["attempt"], attempt["worker_id"]) == (1, "w-1")
+        assert attempt["status"] == "Failed" and attempt["ended_at"] is not None
+        assert attempt["started_at"] and uuid.UUID(attempt["attempt_id"])
+        assert attempt["error"] is not None and "boom" in str(attempt["error"])
+        assert attempt["result"] is None
+        assert (attempt["stream"], attempt["message_id"]) == (None, None)
 
         explained = (await world.get("rita", "/v1/dags/api/jobs/follow/explain")).json()
         assert (explained["dag_name"], explained["job_name"]) == ("api", "follow")
         assert explained["job_id"] == str(ids["job:follow"])
-        assert explained["tasks_by_status"] == {"Queued": 1}
+        assert explained["tasks_by_status"] == {"Failed": 1}
+        assert [f["error"] for f in explained["failures"]] == ["boom"]
 
         up = (await world.get("rita", "/v1/lineage", dataset="doubled")).json()
         assert (up["dataset"], up["column"], up["direction"]) == ("doubled", None, "both")
