@@ -19,6 +19,7 @@ import pytest
 
 from tests.api_fixtures import AUTH, DAG, OPERATORS, TOKEN
 from trace_core.api import create_app
+from trace_core.authoring.events import DatasetEvent
 from trace_core.clock import ManualClock
 from trace_core.dag import parse_dag
 from trace_core.dispatcher.service import Dispatcher
@@ -462,3 +463,20 @@ async def test_the_internal_token_does_not_open_the_data_routes(
         for path in ("/v1/dags", "/v1/datasets/{name}", "/v1/tasks/{task_id}", "/v1/lineage"):
             for operation in document["paths"][path].values():
                 assert operation["security"] == [{"personBearer": []}], path
+
+
+async def test_a_datasets_coverage_is_answered(repo: SqlRepository, clock: ManualClock) -> None:
+    async with world_of(repo, clock) as world:
+        await world.user("rita", "reader")
+        blocks = (await world.get("rita", "/v1/datasets/blocks")).json()
+        version = uuid.UUID(blocks["current_version"])
+        dataset = uuid.UUID(blocks["dataset_uuid"])
+        await world.dispatcher.manual.emit(
+            [
+                DatasetEvent(dataset, version, partition_key=f"{a}-{b}", start=a, end=b)
+                for a, b in ((0, 9), (10, 19), (40, 49))
+            ]
+        )
+        (dv,) = (await world.get("rita", "/v1/datasets/blocks")).json()["versions"]
+        assert dv["ranges"] == [[0, 19], [40, 49]]
+        assert dv["blocks_covered"] == 30 and dv["events"] == 3
