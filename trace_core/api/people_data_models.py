@@ -226,7 +226,7 @@ class TaskDetailOut(TaskOut):
         )
 
 
-def _yaml(value: str) -> str:
+def _text(value: str) -> str:
     if not value.strip():
         raise ValueError("must not be blank")
     return check_text(value)
@@ -235,7 +235,7 @@ def _yaml(value: str) -> str:
 class DeployIn(Request):
     """``POST /v1/dags``: a DAG file's YAML, deployed into the caller's org."""
 
-    yaml: Annotated[str, Field(min_length=1, max_length=MAX_DAG_BYTES), AfterValidator(_yaml)]
+    yaml: Annotated[str, Field(min_length=1, max_length=MAX_DAG_BYTES), AfterValidator(_text)]
 
 
 class DeployOut(BaseModel):
@@ -268,7 +268,7 @@ class TriggerIn(Request):
 class PersonQuery(Request):
     """``POST /v1/query``: one read-only SQL query over the datasets the caller may see."""
 
-    sql: Annotated[str, Field(min_length=1, max_length=MAX_SQL_LENGTH), AfterValidator(_yaml)]
+    sql: Annotated[str, Field(min_length=1, max_length=MAX_SQL_LENGTH), AfterValidator(_text)]
     limit: Annotated[int, Field(strict=True, ge=1, le=MAX_QUERY_LIMIT)] = DEFAULT_QUERY_LIMIT
 
 
