@@ -279,6 +279,19 @@ def _people_requests(
         ("PUT", "/v1/org-roles/{slug}/members/{user_id}", {}, person),
         ("GET", "/v1/datasets/{name}/read-roles", {}, person),
         ("PUT", "/v1/datasets/{name}/read-roles", {"read_roles": ["probe-role"]}, person),
+        ("GET", "/v1/dags", {}, person),
+        ("GET", "/v1/dags/{dag}", {}, person),
+        ("POST", "/v1/dags", {"yaml": "dag: probe\njobs: []\n"}, person),
+        ("POST", "/v1/dags/{dag}/rollback", {}, person),
+        ("GET", "/v1/dags/{dag}/jobs/{job}/explain", {}, person),
+        ("POST", "/v1/dags/{dag}/jobs/{job}/trigger", {"key": "probe"}, person),
+        ("GET", "/v1/datasets", {}, person),
+        ("GET", "/v1/datasets/{name}", {}, person),
+        ("GET", "/v1/datasets/{name}/rows", {"limit": 1}, person),
+        ("POST", "/v1/query", {"sql": "SELECT 1", "limit": 1}, person),
+        ("GET", "/v1/tasks", {}, person),
+        ("GET", "/v1/tasks/{task_id}", {}, person),
+        ("GET", "/v1/lineage", {"dataset": "probe"}, person),
     ]
 
 
@@ -327,7 +340,12 @@ def test_every_route_answers_503_while_postgres_is_down_and_the_server_recovers(
         for method, path, body, headers in requests:
             # a path template is filled with the lease's task id or probe names
             filled = path.format(
-                task_id=lease["job_id"], user_id=uuid.uuid4(), slug="probe-role", name="probe"
+                task_id=lease["job_id"],
+                user_id=uuid.uuid4(),
+                slug="probe-role",
+                name="probe",
+                dag="probe",
+                job="probe",
             )
             if method == "GET":
                 response = api.get(filled, params=body, headers=headers)

@@ -92,6 +92,7 @@ import os
 import re
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -360,6 +361,28 @@ class SparkQueryService:
             item.postgres_table is not None for item in attachable.values()
         ):
             org = await self._tables.org_of(claims.task_id)
+        return await self._answer(attachable, org, sql, limit)
+
+    async def query_views(
+        self,
+        views: Mapping[str, DatasetInput],
+        sql: str,
+        *,
+        limit: int,
+        org_id: uuid.UUID,
+    ) -> QueryResult:
+        """Run ``sql`` over exactly ``views`` (a person's visible datasets), the
+        Postgres-table ones holding ``org_id``'s rows; every layer of the module
+        docstring applies as to a task's query."""
+        if type(limit) is not int or not 1 <= limit <= MAX_QUERY_LIMIT:
+            raise InvalidInput("limit", f"must be an integer within 1..{MAX_QUERY_LIMIT}")
+        attachable = {name.lower(): item for name, item in views.items()}
+        return await self._answer(attachable, str(org_id), sql, limit)
+
+    async def _answer(
+        self, attachable: Mapping[str, DatasetInput], org: str | None, sql: str, limit: int
+    ) -> QueryResult:
+        """Run ``sql`` in a worker thread within the timeout (the views checked already)."""
         if self._limiter is None:
             self._limiter = anyio.CapacityLimiter(self.max_concurrent)
         running = _Running()

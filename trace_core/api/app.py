@@ -36,6 +36,7 @@ from trace_core.api.internal import internal_router
 from trace_core.api.limits import BodyLimit
 from trace_core.api.ops import health_router, ops_router
 from trace_core.api.people import PEOPLE_PREFIXES, PeopleApi, PeopleAuth, people_router
+from trace_core.api.people_data import DATA_PREFIXES, people_data_router
 from trace_core.api.query import QueryService, query_router
 from trace_core.api.streams import StreamClaimer
 from trace_core.api.task_attempts import attempts_router
@@ -45,6 +46,7 @@ from trace_core.api.worker_v1 import worker_router
 from trace_core.dispatcher.buffer import DatasetBuffer
 from trace_core.dispatcher.service import Dispatcher
 from trace_core.errors import ConfigurationError
+from trace_core.people.catalog import PeopleCatalog
 from trace_core.security.minting import CredentialMinter
 from trace_core.security.verifier import TokenVerifier
 
@@ -55,6 +57,8 @@ log = logging.getLogger("trace_core.api")
 _BEARER = "internalBearer"
 _CAPABILITY = "taskCapability"
 _PERSON = "personBearer"
+_PERSONAL = PEOPLE_PREFIXES + DATA_PREFIXES
+"""Paths authorized by a person's token (and never by the internal one)."""
 
 
 @dataclass(frozen=True)
@@ -165,6 +169,9 @@ def create_app(
             app.include_router(query_router(dispatcher, query))
     if people is not None:
         app.include_router(people_router(people))
+        app.include_router(
+            people_data_router(dispatcher, PeopleCatalog(dispatcher.repo), query=query)
+        )
     # The last added middleware runs first: authentication, then the body cap,
     # so an anonymous client cannot make the server buffer a body.
     app.add_middleware(BodyLimit, max_bytes=cfg.max_body_bytes)
@@ -181,10 +188,10 @@ def create_app(
         app.add_middleware(
             PeopleAuth,
             people=people,
-            prefixes=PEOPLE_PREFIXES,
+            prefixes=_PERSONAL,
             retry_after_seconds=cfg.retry_after_seconds,
         )
-        public_prefixes += PEOPLE_PREFIXES  # PeopleAuth demands a person's token there
+        public_prefixes += _PERSONAL  # PeopleAuth demands a person's token there
     app.add_middleware(InternalAuth, token=internal_token, public_prefixes=public_prefixes)
     app.openapi = _openapi(app)  # type: ignore[method-assign]
     return app
@@ -238,7 +245,7 @@ def _describe_answers(document: dict[str, Any]) -> None:
     task_scoped = personal = False
     for path, path_item in document.get("paths", {}).items():
         scheme = _CAPABILITY if path.startswith(TASK_PREFIX) else _BEARER
-        scheme = _PERSON if path.startswith(PEOPLE_PREFIXES) else scheme
+        scheme = _PERSON if path.startswith(_PERSONAL) else scheme
         task_scoped = task_scoped or scheme == _CAPABILITY
         personal = personal or scheme == _PERSON
         for operation in path_item.values():

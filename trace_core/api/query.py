@@ -155,6 +155,19 @@ class QueryService(Protocol):
         """Run ``sql`` against the views of ``claims``' inputs."""
         ...
 
+    async def query_views(
+        self,
+        views: Mapping[str, DatasetInput],
+        sql: str,
+        *,
+        limit: int,
+        org_id: uuid.UUID,
+    ) -> QueryResult:
+        """Run ``sql`` against exactly ``views`` (names lowercase), for a person:
+        the caller chose them (the datasets the person may see); Postgres-table
+        views hold ``org_id``'s rows only. Raises as :meth:`query`."""
+        ...
+
 
 def dataset_views(
     inputs: Sequence[DatasetInput], names: Mapping[uuid.UUID, str] | None = None

@@ -21,6 +21,7 @@ from trace_core.model import Fence, ItemState, Lease, QueueSpec
 from trace_core.storage.ports import DeployOps, LaunchOps, RegistryOps, SourceOps, TaskOps
 from trace_core.storage.ports.api_keys import ApiKeyOps
 from trace_core.storage.ports.attempts import AttemptOps
+from trace_core.storage.ports.catalog import CatalogOps
 from trace_core.storage.ports.concurrency import ConcurrencyOps
 from trace_core.storage.ports.events import EventOps
 from trace_core.storage.ports.explain import ExplainOps
@@ -228,6 +229,11 @@ class Transaction(Protocol):
     @property
     def people(self) -> PeopleOps:
         """Users, org roles, memberships and datasets' read roles (org-scoped)."""
+        ...
+
+    @property
+    def catalog(self) -> CatalogOps:
+        """An org's DAGs, datasets, jobs and tasks, for people's reads (org-scoped)."""
         ...
 
     @property

@@ -36,6 +36,7 @@ from trace_core.storage.sql_attempts import (
     closing_params,
     finish_closing_attempts,
 )
+from trace_core.storage.sql_catalog import SqlCatalogOps
 from trace_core.storage.sql_concurrency import SqlConcurrencyOps
 from trace_core.storage.sql_deploy import SqlDeployOps
 from trace_core.storage.sql_errors import translate_errors
@@ -251,6 +252,11 @@ class SqlTransaction:
     def people(self) -> SqlPeopleOps:
         """Users, org roles, memberships, read roles (:mod:`~trace_core.storage.sql_people`)."""
         return SqlPeopleOps(self)
+
+    @functools.cached_property
+    def catalog(self) -> SqlCatalogOps:
+        """An org's DAGs, datasets, jobs and tasks (:mod:`~trace_core.storage.sql_catalog`)."""
+        return SqlCatalogOps(self)
 
     @functools.cached_property
     def inbox_credentials(self) -> SqlInboxCredentialOps:

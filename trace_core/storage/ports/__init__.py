@@ -13,6 +13,15 @@ from trace_core.storage.ports.api_keys import (
     DigestMatch,
 )
 from trace_core.storage.ports.attempts import AttemptOps, AttemptRecord
+from trace_core.storage.ports.catalog import (
+    CatalogDag,
+    CatalogDagVersion,
+    CatalogDataset,
+    CatalogDatasetVersion,
+    CatalogJob,
+    CatalogOps,
+    CatalogTask,
+)
 from trace_core.storage.ports.concurrency import (
     ConcurrencyOps,
     JobClaimSettings,
@@ -148,6 +157,13 @@ __all__ = [
     "ApiKeyRecord",
     "AttemptOps",
     "AttemptRecord",
+    "CatalogDag",
+    "CatalogDagVersion",
+    "CatalogDataset",
+    "CatalogDatasetVersion",
+    "CatalogJob",
+    "CatalogOps",
+    "CatalogTask",
     "ConcurrencyOps",
     "CronState",
     "DagDataset",
