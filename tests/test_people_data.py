@@ -105,7 +105,7 @@ async def _record_lineage(world: World) -> None:
             ids["job:double"],
             [
                 NewLineageEdge("value", ids["blocks"], "value"),
-                NewLineageEdge("*", ids["blocks"], "ok"),
+                NewLineageEdge("*", ids["blocks"], "ok", kind="FILTER"),
             ],
         )
 
@@ -213,6 +213,8 @@ async def test_every_read_answers_its_fields(repo: SqlRepository, clock: ManualC
 
         up = (await world.get("rita", "/v1/lineage", dataset="doubled")).json()
         assert (up["dataset"], up["column"], up["direction"]) == ("doubled", None, "both")
+        versions = {edge.pop("dataset_version") for edge in up["upstream"]}
+        assert len(versions) == 1 and uuid.UUID(versions.pop())  # the version recorded for
         assert up["upstream"] == [
             {
                 "depth": 1,
@@ -220,6 +222,7 @@ async def test_every_read_answers_its_fields(repo: SqlRepository, clock: ManualC
                 "output_column": "*",
                 "input_dataset": "blocks",
                 "input_column": "ok",
+                "kind": "FILTER",
             },
             {
                 "depth": 1,
@@ -227,6 +230,7 @@ async def test_every_read_answers_its_fields(repo: SqlRepository, clock: ManualC
                 "output_column": "value",
                 "input_dataset": "blocks",
                 "input_column": "value",
+                "kind": "TRANSFORMATION",
             },
         ]
         assert up["downstream"] == []

@@ -281,6 +281,11 @@ class LineageEdgeOut(BaseModel):
     output_column: str
     input_dataset: str
     input_column: str
+    kind: str
+    """How the input is used (OpenLineage's subtypes: ``IDENTITY``,
+    ``TRANSFORMATION``, ``AGGREGATION``, ``FILTER``, ``JOIN``, ``GROUP_BY`` …)."""
+    dataset_version: uuid.UUID | None
+    """The output's dataset version the edge was recorded for."""
 
     @classmethod
     def of(cls, row: LineageRow) -> LineageEdgeOut:
@@ -291,6 +296,8 @@ class LineageEdgeOut(BaseModel):
             output_column=row.output_column,
             input_dataset=row.input_name,
             input_column=row.input_column,
+            kind=row.kind,
+            dataset_version=row.dataset_version,
         )
 
 
