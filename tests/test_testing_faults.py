@@ -1,0 +1,231 @@
+"""The kit's fault tools, each on real processes and real databases: SIGKILL
+at random and restart, SIGSTOP past a lease and SIGCONT, crash-restart of the
+throwaway Postgres, an idle transaction that holds a snapshot."""
+
+from __future__ import annotations
+
+import random
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+import sqlalchemy as sa
+
+from tests.factories import make_job, wait_until
+from trace_core.leasing import LeaseConfig
+from trace_core.storage.protocol import NewTask
+from trace_core.storage.sql import SqlRepository
+from trace_core.tasks import TaskQueue
+from trace_testing import workers
+from trace_testing.faults import WorkerFleet, crash_restart, hold_snapshot, process_state
+from trace_testing.history import EffectLedger, committed_fences
+from trace_testing.postgres import PostgresServer
+
+pytestmark = pytest.mark.anyio
+
+BOUND = 30.0
+"""Seconds any awaited condition may take (far above what each needs)."""
+
+
+@dataclass(frozen=True)
+class TickerConfig:
+    """A worker that only counts: the fleet's mechanics without a database."""
+
+    name: str
+    seed: int = 0
+
+
+def ticker(config: TickerConfig, stats: Any, stop: Any) -> None:
+    """Count up in ``stats[0]`` until ``stop`` is set."""
+    while not stop.wait(0.005):
+        stats[0] += 1
+
+
+def _describe(fleet: WorkerFleet) -> str:
+    return ", ".join(
+        f"{n}={fleet.stat(n, 'ticks')}/{process_state(fleet.pid(n))}" for n in fleet.procs
+    )
+
+
+async def test_kill_random_then_restart(tmp_path: Path) -> None:
+    fleet = WorkerFleet(ticker, ["ticks"], rng=random.Random(3))
+    deadline = time.monotonic() + BOUND
+    try:
+        names = [fleet.start(TickerConfig(f"t{i}")) for i in range(3)]
+        await wait_until(
+            "every ticker to tick",
+            lambda: all(fleet.stat(n, "ticks") > 0 for n in names),
+            deadline,
+            describe=lambda: _describe(fleet),
+        )
+        victim = fleet.kill_random()
+        assert victim in names and fleet.killed == [victim]
+        assert fleet.procs[victim].exitcode == -signal.SIGKILL
+        assert sorted(fleet.alive()) == sorted(set(names) - {victim})
+        frozen = fleet.stat(victim, "ticks")
+        successor = fleet.restart(victim, seed=9)
+        assert successor.startswith(f"{victim}.r") and fleet.configs[successor].seed == 9
+        await wait_until(
+            "the successor to tick",
+            lambda: fleet.stat(successor, "ticks") > 0,
+            deadline,
+            describe=lambda: _describe(fleet),
+        )
+        assert fleet.stat(victim, "ticks") == frozen, "a killed worker's counters stay readable"
+        with pytest.raises(RuntimeError, match="still running"):
+            fleet.restart(successor)
+    finally:
+        codes = fleet.shutdown()
+    assert codes[victim] == -signal.SIGKILL
+    assert all(code == 0 for name, code in codes.items() if name != victim), codes
+
+
+async def test_pause_freezes_a_worker_and_resume_thaws_it() -> None:
+    fleet = WorkerFleet(ticker, ["ticks"])
+    deadline = time.monotonic() + BOUND
+    try:
+        sleeper, witness = (
+            fleet.start(TickerConfig("sleeper")),
+            fleet.start(TickerConfig("witness")),
+        )
+        await wait_until(
+            "both to tick",
+            lambda: fleet.stat(sleeper, "ticks") > 0 and fleet.stat(witness, "ticks") > 0,
+            deadline,
+            describe=lambda: _describe(fleet),
+        )
+        with fleet.paused(sleeper):
+            await wait_until(
+                "the kernel to stop it",
+                lambda: process_state(fleet.pid(sleeper)) == "T",
+                deadline,
+                describe=lambda: _describe(fleet),
+            )
+            frozen = fleet.stat(sleeper, "ticks")
+            target = fleet.stat(witness, "ticks") + 50
+            await wait_until(
+                "the witness to tick 50 more",
+                lambda: fleet.stat(witness, "ticks") >= target,
+                deadline,
+                describe=lambda: _describe(fleet),
+            )
+            assert fleet.stat(sleeper, "ticks") == frozen, "a paused worker made progress"
+        await wait_until(
+            "the thawed worker to tick again",
+            lambda: fleet.stat(sleeper, "ticks") > frozen,
+            deadline,
+            describe=lambda: _describe(fleet),
+        )
+    finally:
+        codes = fleet.shutdown()
+    assert codes == {sleeper: 0, witness: 0}
+
+
+@pytest.mark.slow
+async def test_a_worker_paused_past_its_lease_has_its_writes_refused(
+    database_url: str, repo: SqlRepository, tmp_path: Path
+) -> None:
+    queue = TaskQueue(repo, config=LeaseConfig(lease_seconds=1.0))
+    job = await make_job(repo, queue.clock.now(), max_attempts=5)
+    created = await queue.create(
+        [NewTask(job, dedupe_key=f"p{i}", max_attempts=5) for i in range(4)]
+    )
+    ledger = EffectLedger(repo)
+    await ledger.create()
+    report = tmp_path / "reports.txt"
+    fleet = WorkerFleet(workers.run_worker, workers.STAT_NAMES)
+
+    def config(name: str) -> workers.WorkerConfig:
+        # Every effect outlasts nothing by itself (0.3 s of a 1 s lease); the
+        # pause is what makes the lease run out under the worker's feet.
+        return workers.WorkerConfig(
+            url=database_url, name=name, report_path=str(report), seed=1, batch=1,
+            lease_seconds=1.0, long_hold_probability=1.0, long_hold_seconds=0.3,
+        )  # fmt: skip
+
+    deadline = time.monotonic() + BOUND
+    describe = lambda: str(fleet.totals())  # noqa: E731
+    try:
+        sleeper = fleet.start(config("sleeper"))
+        await wait_until(
+            "the sleeper to be inside an effect",
+            lambda: fleet.stat(sleeper, "in_effect") == 1,
+            deadline,
+            describe=describe,
+        )
+        with fleet.paused(sleeper):
+            held = fleet.stat(sleeper, "holding")
+            assert held == 1
+            fleet.start(config("successor"))
+
+            async def all_completed() -> bool:
+                ids = [c.task_id for c in created]
+                return len(await committed_fences(queue.leases, ids)) == len(ids)
+
+            await wait_until(
+                "the successor to finish every task", all_completed, deadline, describe=describe
+            )
+        await wait_until(
+            "the thawed sleeper's completion to be refused",
+            lambda: fleet.stat(sleeper, "stale") + fleet.stat(sleeper, "heartbeat_stale") >= 1,
+            deadline,
+            describe=describe,
+        )
+    finally:
+        codes = fleet.shutdown()
+    assert set(codes.values()) == {0}, (codes, report.read_text() if report.exists() else "")
+    assert fleet.total("reclaimed") >= 1
+    history = await ledger.check(await committed_fences(queue.leases, [c.task_id for c in created]))
+    assert history.ok, str(history)
+
+
+@pytest.mark.parametrize("engine", ["postgres"])
+async def test_crash_restart_cuts_sessions_and_keeps_committed_data(
+    engine: str, postgres_server: PostgresServer, database_url: str, repo: SqlRepository
+) -> None:
+    job = await make_job(repo, TaskQueue(repo).clock.now())
+    before = psycopg.connect(database_url)
+    try:
+        downtime = crash_restart(postgres_server)
+        assert 0 < downtime < 60
+        with pytest.raises(psycopg.OperationalError):
+            before.execute("SELECT 1")
+    finally:
+        before.close()
+    with psycopg.connect(database_url) as after:
+        row = after.execute("SELECT count(*) FROM jobs WHERE id = %s", (job,)).fetchone()
+    assert row == (1,), "a commit before the crash survives crash recovery"
+
+
+def test_crash_restart_refuses_a_server_it_does_not_own(postgres_server: PostgresServer) -> None:
+    # The run's server reached as a user's own one (--trace-postgres-url).
+    external = PostgresServer(external_url=postgres_server.url("postgres"))
+    assert external.cluster is None
+    with pytest.raises(RuntimeError, match="user's own server"):
+        crash_restart(external)
+
+
+async def test_a_held_snapshot_keeps_its_view_while_others_commit(
+    engine: str, database_url: str, repo: SqlRepository
+) -> None:
+    queue = TaskQueue(repo)
+    job = await make_job(repo, queue.clock.now())
+    await queue.create([NewTask(job, dedupe_key="before")])
+    with hold_snapshot(database_url) as held:
+        assert held.engine == engine and held.first_read == 1
+        await queue.create([NewTask(job, dedupe_key="after")])
+        seen = held.connection.execute("SELECT count(*) FROM tasks").fetchone()[0]
+        assert seen == 1, "the held transaction sees its snapshot, not the later commit"
+        if engine == "postgres":
+            with psycopg.connect(database_url) as probe:
+                state, xmin = probe.execute(
+                    "SELECT state, backend_xmin IS NOT NULL FROM pg_stat_activity WHERE pid = %s",
+                    (held.backend_pid,),
+                ).fetchone() or (None, None)
+            assert (state, xmin) == ("idle in transaction", True)
+    async with repo.read() as tx:
+        assert await tx.connection.scalar(sa.text("SELECT count(*) FROM tasks")) == 2
