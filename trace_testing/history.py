@@ -38,6 +38,7 @@ from trace_core.leasing import LeaseQueue
 from trace_core.model import Fence, ItemId
 from trace_core.storage.sql import SqlRepository
 from trace_core.storage.sql_errors import translate_errors
+from trace_core.tasks import TaskQueue
 
 __all__ = [
     "Effect",
@@ -132,6 +133,16 @@ class EffectLedger:
     async def check(self, committed: Mapping[ItemId, Fence | None]) -> HistoryReport:
         """:func:`check_history` of this ledger against ``committed``."""
         return check_history(await self.effects(), committed)
+
+    async def check_tasks(self, task_ids: Iterable[ItemId]) -> HistoryReport:
+        """:meth:`check` against the attempts that completed ``task_ids``
+        (each task must have exactly one effect, of that attempt)."""
+        ids = list(task_ids)
+        fences = await committed_fences(TaskQueue(self.repo).leases, ids)
+        # An unfinished task matches no attempt: no effect is lost, any is
+        # out of fence.
+        unfinished = uuid.UUID(int=0)
+        return await self.check({item: fences.get(item, Fence(item, 0, unfinished)) for item in ids})
 
 
 async def committed_fences(queue: LeaseQueue, item_ids: Iterable[ItemId]) -> dict[ItemId, Fence]:

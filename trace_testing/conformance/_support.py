@@ -10,10 +10,10 @@ from contextlib import asynccontextmanager
 from trace_core.clock import ManualClock
 from trace_core.leasing import LeaseConfig
 from trace_core.retry import Backoff, RetryPolicy
-from trace_core.standalone import ensure_standalone_job
-from trace_core.storage.protocol import NewTask, Repository
+from trace_core.storage.protocol import Repository
 from trace_core.storage.sql import SqlRepository
 from trace_core.tasks import TaskQueue
+from trace_testing.drain import create_tasks
 
 __all__ = ["LEASE_SECONDS", "RETRY", "make_tasks", "repositories", "task_queue"]
 
@@ -31,13 +31,7 @@ def task_queue(repo: Repository, clock: ManualClock) -> TaskQueue:
 
 async def make_tasks(queue: TaskQueue, count: int, *, max_attempts: int = 3) -> list[uuid.UUID]:
     """Create ``count`` queued tasks of a standalone job; their ids in creation order."""
-    job = await ensure_standalone_job(
-        queue.repo, f"conformance-{uuid.uuid4().hex[:8]}", now=queue.clock.now()
-    )
-    created = await queue.create(
-        [NewTask(job, dedupe_key=f"t{i}", max_attempts=max_attempts) for i in range(count)]
-    )
-    return [c.task_id for c in created]
+    return await create_tasks(queue.repo, count, clock=queue.clock, max_attempts=max_attempts)
 
 
 @asynccontextmanager
