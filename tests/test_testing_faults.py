@@ -4,6 +4,7 @@ throwaway Postgres, an idle transaction that holds a snapshot."""
 
 from __future__ import annotations
 
+import errno
 import random
 import signal
 import time
@@ -21,7 +22,14 @@ from trace_core.storage.protocol import NewTask
 from trace_core.storage.sql import SqlRepository
 from trace_core.tasks import TaskQueue
 from trace_testing import workers
-from trace_testing.faults import WorkerFleet, crash_restart, hold_snapshot, process_state
+from trace_testing.faults import (
+    WorkerFleet,
+    crash_restart,
+    fill_disk,
+    hold_snapshot,
+    process_state,
+    small_filesystem,
+)
 from trace_testing.history import EffectLedger, committed_fences
 from trace_testing.postgres import PostgresServer
 
@@ -229,3 +237,16 @@ async def test_a_held_snapshot_keeps_its_view_while_others_commit(
             assert (state, xmin) == ("idle in transaction", True)
     async with repo.read() as tx:
         assert await tx.connection.scalar(sa.text("SELECT count(*) FROM tasks")) == 2
+
+
+def test_a_filled_small_filesystem_refuses_writes_until_space_is_freed() -> None:
+    with small_filesystem(1024 * 1024) as fs:
+        filler = fill_disk(fs)
+        assert filler.stat().st_size > 512 * 1024
+        with pytest.raises(OSError) as refused:
+            (fs / "more").write_bytes(b"x" * 8192)
+        assert refused.value.errno == errno.ENOSPC
+        filler.unlink()
+        (fs / "more").write_bytes(b"x" * 8192)
+        assert (fs / "more").stat().st_size == 8192
+    assert not fs.exists(), "the mount point is removed afterwards"

@@ -1,5 +1,5 @@
 """Fault tools: kill, pause and restart worker processes; crash-restart the
-throwaway Postgres; hold a transaction (and its snapshot) open.
+throwaway Postgres; hold a transaction (and its snapshot) open; fill a disk.
 
 :class:`WorkerFleet` runs workers as OS processes (``multiprocessing``'s
 spawn context: a fresh interpreter each, nothing inherited but the
@@ -19,14 +19,20 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import multiprocessing
 import os
 import random
 import signal
 import sqlite3
+import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
+
+import pytest
 
 from trace_lite.pgcluster import PostgresCluster
 from trace_testing.postgres import PostgresServer
@@ -36,8 +42,10 @@ __all__ = [
     "StopFlag",
     "WorkerFleet",
     "crash_restart",
+    "fill_disk",
     "hold_snapshot",
     "process_state",
+    "small_filesystem",
 ]
 
 
@@ -294,3 +302,54 @@ def hold_snapshot(url: str, *, table: str = "tasks") -> Iterator[HeldSnapshot]:
         finally:
             with contextlib.suppress(psycopg.Error):
                 pg.rollback()
+
+
+@contextlib.contextmanager
+def small_filesystem(size_bytes: int = 4 * 1024 * 1024) -> Iterator[Path]:
+    """A tmpfs of ``size_bytes`` mounted on a fresh directory for the block,
+    to fill (:func:`fill_disk`) without touching a real disk.
+
+    Mounting needs root (and a kernel that lets this process mount): the
+    test is skipped, with the reason, where it cannot.
+    """
+    if size_bytes < 64 * 1024:
+        raise ValueError("size_bytes must be at least 64 KiB")
+    if os.geteuid() != 0:
+        pytest.skip("a small filesystem is a tmpfs mount, which needs root")
+    mount_point = Path(tempfile.mkdtemp(prefix="trace-small-fs-"))
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size_bytes},mode=0700", "tmpfs", str(mount_point)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if mounted.returncode != 0:
+        mount_point.rmdir()
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    try:
+        yield mount_point
+    finally:
+        # Lazy: a file a test left open must not keep the mount (and the run) stuck.
+        subprocess.run(["umount", "-l", str(mount_point)], capture_output=True, check=False)
+        mount_point.rmdir()
+
+
+def fill_disk(directory: Path) -> Path:
+    """Fill the filesystem of ``directory`` to the last byte with one file;
+    its path (delete it to give the space back)."""
+    filler = directory / ".trace-filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        # Big chunks first, then smaller ones into what is left.
+        for size in (1 << 20, 1 << 16, 1 << 12, 1 << 9, 1):
+            chunk = b"\0" * size
+            while True:
+                try:
+                    os.write(fd, chunk)
+                except OSError as exc:
+                    if exc.errno != errno.ENOSPC:
+                        raise
+                    break
+    finally:
+        os.close(fd)
+    return filler

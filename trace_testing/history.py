@@ -142,7 +142,9 @@ class EffectLedger:
         # An unfinished task matches no attempt: no effect is lost, any is
         # out of fence.
         unfinished = uuid.UUID(int=0)
-        return await self.check({item: fences.get(item, Fence(item, 0, unfinished)) for item in ids})
+        return await self.check(
+            {item: fences.get(item, Fence(item, 0, unfinished)) for item in ids}
+        )
 
 
 async def committed_fences(queue: LeaseQueue, item_ids: Iterable[ItemId]) -> dict[ItemId, Fence]:
