@@ -24,7 +24,7 @@ import pytest
 from trace_core.clock import ManualClock
 from trace_core.storage.sql import SqlRepository
 from trace_lite.redis_server import RedisServer, find_redis_server
-from trace_testing.databases import provision_database
+from trace_testing.databases import open_repository, provision_database
 from trace_testing.postgres import PostgresServer
 
 # The kit's plugin first: loaded here by name, it is the same registration as
@@ -83,8 +83,5 @@ def clock(trace_clock: ManualClock) -> ManualClock:
 
 @pytest.fixture
 async def repo(database_url: str) -> AsyncIterator[SqlRepository]:
-    repository = SqlRepository(database_url)
-    try:
+    async with open_repository(database_url) as repository:
         yield repository
-    finally:
-        await repository.close()

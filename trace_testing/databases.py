@@ -8,16 +8,18 @@ importing it does not import the plugin before pytest can register it.
 from __future__ import annotations
 
 import shutil
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 
 if TYPE_CHECKING:
+    from trace_core.storage.sql import SqlRepository
     from trace_testing.postgres import PostgresServer
 
-__all__ = ["ENGINES", "provision_database"]
+__all__ = ["ENGINES", "open_repository", "provision_database"]
 
 ENGINES = ("sqlite", "postgres")
 """Every engine the kit knows, in the order tests run on them."""
@@ -43,3 +45,15 @@ def provision_database(
     server: PostgresServer = request.getfixturevalue("trace_postgres_server")
     with server.database() as url:
         yield url
+
+
+@asynccontextmanager
+async def open_repository(url: str) -> AsyncIterator[SqlRepository]:
+    """A :class:`~trace_core.storage.sql.SqlRepository` on ``url``, closed after the block."""
+    from trace_core.storage.sql import SqlRepository
+
+    repository = SqlRepository(url)
+    try:
+        yield repository
+    finally:
+        await repository.close()

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from trace_core.clock import ManualClock
-from trace_testing.databases import ENGINES, provision_database
+from trace_testing.databases import ENGINES, open_repository, provision_database
 
 if TYPE_CHECKING:
     from trace_core.storage.sql import SqlRepository
@@ -153,13 +153,8 @@ def trace_clock() -> ManualClock:
 @pytest.fixture
 async def trace_repository(trace_database_url: str) -> AsyncIterator[SqlRepository]:
     """A :class:`~trace_core.storage.sql.SqlRepository` on :func:`trace_database_url`."""
-    from trace_core.storage.sql import SqlRepository
-
-    repository = SqlRepository(trace_database_url)
-    try:
+    async with open_repository(trace_database_url) as repository:
         yield repository
-    finally:
-        await repository.close()
 
 
 @pytest.fixture
