@@ -229,6 +229,8 @@ async def test_a_held_snapshot_keeps_its_view_while_others_commit(
         seen = held.connection.execute("SELECT count(*) FROM tasks").fetchone()[0]
         assert seen == 1, "the held transaction sees its snapshot, not the later commit"
         if engine == "postgres":
+            isolation = held.connection.execute("SHOW transaction_isolation").fetchone()
+            assert isolation == ("repeatable read",)
             with psycopg.connect(database_url) as probe:
                 state, xmin = probe.execute(
                     "SELECT state, backend_xmin IS NOT NULL FROM pg_stat_activity WHERE pid = %s",

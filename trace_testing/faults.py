@@ -291,17 +291,18 @@ def hold_snapshot(url: str, *, table: str = "tasks") -> Iterator[HeldSnapshot]:
     import psycopg
     from psycopg import sql
 
-    with psycopg.connect(_psycopg_url(url)) as pg:
+    # Autocommit, so the explicit BEGIN below is the transaction (psycopg
+    # would otherwise open one of its own, in READ COMMITTED, first).
+    with psycopg.connect(_psycopg_url(url), autocommit=True) as pg:
         pg.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
-        row = pg.execute(
-            sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(table))
-        ).fetchone()
-        assert row is not None
         try:
+            query = sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(table))
+            row = pg.execute(query).fetchone()
+            assert row is not None
             yield HeldSnapshot("postgres", pg, pg.info.backend_pid, row[0])
         finally:
             with contextlib.suppress(psycopg.Error):
-                pg.rollback()
+                pg.execute("ROLLBACK")
 
 
 @contextlib.contextmanager
