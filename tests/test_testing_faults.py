@@ -8,7 +8,6 @@ import errno
 import random
 import signal
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,7 @@ from trace_core.storage.protocol import NewTask
 from trace_core.storage.sql import SqlRepository
 from trace_core.tasks import TaskQueue
 from trace_testing import workers
+from trace_testing.drain import create_tasks
 from trace_testing.faults import (
     WorkerFleet,
     crash_restart,
@@ -32,25 +32,12 @@ from trace_testing.faults import (
 )
 from trace_testing.history import EffectLedger, committed_fences
 from trace_testing.postgres import PostgresServer
+from trace_testing.targets import CounterConfig, count_until_stopped
 
 pytestmark = pytest.mark.anyio
 
 BOUND = 30.0
 """Seconds any awaited condition may take (far above what each needs)."""
-
-
-@dataclass(frozen=True)
-class TickerConfig:
-    """A worker that only counts: the fleet's mechanics without a database."""
-
-    name: str
-    seed: int = 0
-
-
-def ticker(config: TickerConfig, stats: Any, stop: Any) -> None:
-    """Count up in ``stats[0]`` until ``stop`` is set."""
-    while not stop.wait(0.005):
-        stats[0] += 1
 
 
 def _describe(fleet: WorkerFleet) -> str:
@@ -60,10 +47,10 @@ def _describe(fleet: WorkerFleet) -> str:
 
 
 async def test_kill_random_then_restart(tmp_path: Path) -> None:
-    fleet = WorkerFleet(ticker, ["ticks"], rng=random.Random(3))
+    fleet = WorkerFleet(count_until_stopped, ["ticks"], rng=random.Random(3))
     deadline = time.monotonic() + BOUND
     try:
-        names = [fleet.start(TickerConfig(f"t{i}")) for i in range(3)]
+        names = [fleet.start(CounterConfig(f"t{i}")) for i in range(3)]
         await wait_until(
             "every ticker to tick",
             lambda: all(fleet.stat(n, "ticks") > 0 for n in names),
@@ -93,12 +80,12 @@ async def test_kill_random_then_restart(tmp_path: Path) -> None:
 
 
 async def test_pause_freezes_a_worker_and_resume_thaws_it() -> None:
-    fleet = WorkerFleet(ticker, ["ticks"])
+    fleet = WorkerFleet(count_until_stopped, ["ticks"])
     deadline = time.monotonic() + BOUND
     try:
         sleeper, witness = (
-            fleet.start(TickerConfig("sleeper")),
-            fleet.start(TickerConfig("witness")),
+            fleet.start(CounterConfig("sleeper")),
+            fleet.start(CounterConfig("witness")),
         )
         await wait_until(
             "both to tick",
@@ -196,7 +183,10 @@ async def test_crash_restart_cuts_sessions_and_keeps_committed_data(
     engine: str, postgres_server: PostgresServer, database_url: str, repo: SqlRepository
 ) -> None:
     job = await make_job(repo, TaskQueue(repo).clock.now())
-    before = psycopg.connect(database_url)
+    before = psycopg.connect(database_url, autocommit=True)
+    # The test cluster commits with synchronous_commit off: a crash may take
+    # the last commits with it. A checkpoint makes this one durable.
+    before.execute("CHECKPOINT")
     try:
         downtime = crash_restart(postgres_server)
         assert 0 < downtime < 60
@@ -252,3 +242,56 @@ def test_a_filled_small_filesystem_refuses_writes_until_space_is_freed() -> None
         (fs / "more").write_bytes(b"x" * 8192)
         assert (fs / "more").stat().st_size == 8192
     assert not fs.exists(), "the mount point is removed afterwards"
+
+
+CLAIMANTS = sa.table("kit_claimants", sa.column("task_id", sa.Text()))
+
+
+async def record_claimant(tx: Any, lease: Any) -> None:
+    """An embedder's handler, run by the kit's worker processes."""
+    await tx.connection.execute(sa.insert(CLAIMANTS).values(task_id=str(lease.item_id)))
+
+
+async def test_worker_processes_run_an_embedders_handler_with_the_completion(
+    database_url: str, repo: SqlRepository, tmp_path: Path
+) -> None:
+    ids = await create_tasks(repo, 30)
+    ledger = EffectLedger(repo)
+    await ledger.create()
+    async with repo.transaction() as tx:
+        await tx.connection.execute(
+            sa.text("CREATE TABLE kit_claimants (task_id TEXT PRIMARY KEY)")
+        )
+    fleet = WorkerFleet(workers.run_worker, workers.STAT_NAMES)
+    report = tmp_path / "reports.txt"
+    for i in range(2):
+        fleet.start(
+            workers.WorkerConfig(
+                url=database_url,
+                name=f"w{i}",
+                report_path=str(report),
+                seed=i,
+                handler=f"{__name__}:record_claimant",
+            )
+        )
+    try:
+        await wait_until(
+            "the workers to complete every task",
+            lambda: fleet.total("completed") == len(ids),
+            time.monotonic() + BOUND,
+            describe=lambda: f"{fleet.totals()} {report.read_text() if report.exists() else ''}",
+        )
+    finally:
+        codes = fleet.shutdown()
+    assert set(codes.values()) == {0}, codes
+    async with repo.read() as tx:
+        claimants = (await tx.connection.execute(sa.select(CLAIMANTS.c.task_id))).scalars().all()
+    assert sorted(claimants) == sorted(str(i) for i in ids)
+    assert (await ledger.check_tasks(ids)).ok
+
+
+def test_a_handler_that_does_not_exist_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="module:function"):
+        workers.load_handler("no_colon")
+    with pytest.raises(ValueError, match="has no function 'nothing'"):
+        workers.load_handler(f"{__name__}:nothing")

@@ -231,7 +231,13 @@ def crash_restart(server: PostgresServer | PostgresCluster) -> float:
     """``pg_ctl restart -m immediate`` on the throwaway cluster: every session
     is cut, the server runs crash recovery and comes back on the same port.
     Seconds it was unreachable. A user's own server (``--trace-postgres-url``)
-    is never crashed: :class:`RuntimeError`."""
+    is never crashed: :class:`RuntimeError`.
+
+    The test run's cluster is not durable (``synchronous_commit`` and
+    ``fsync`` off, :data:`~trace_testing.postgres.NON_DURABLE`): commits of
+    the last moments before the crash may be lost. A test that counts on
+    every acknowledged commit surviving crashes a cluster of its own with
+    the durable defaults (``PostgresCluster()``), or checkpoints first."""
     cluster = server.cluster if isinstance(server, PostgresServer) else server
     if cluster is None:
         raise RuntimeError(

@@ -21,12 +21,13 @@ report file.
 
 from __future__ import annotations
 
+import importlib
 import random
 import time
 import traceback
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 import anyio
 
@@ -35,9 +36,10 @@ from trace_core.leasing import LeaseConfig
 from trace_core.retry import Backoff, RetryPolicy
 from trace_core.storage.sql import SqlRepository
 from trace_core.tasks import TaskQueue
+from trace_testing.drain import Handler
 from trace_testing.history import EffectLedger
 
-__all__ = ["STAT_NAMES", "WorkerConfig", "run_worker"]
+__all__ = ["STAT_NAMES", "WorkerConfig", "load_handler", "run_worker"]
 
 # Indexes into a worker's shared counters.
 CLAIMED = 0
@@ -93,6 +95,23 @@ class WorkerConfig:
     """Longer than the lease: the lease expires under the worker's feet."""
     maintenance_seconds: float = 0.25
     idle_seconds: float = 0.02
+    handler: str | None = None
+    """``"module:function"`` of the code under test, an async ``(tx, lease)``
+    (a :data:`~trace_testing.drain.Handler`): it runs in the completion's
+    transaction, after the ledger record, so its writes share the fate of
+    the fenced completion. Importable by name: the worker is a fresh
+    interpreter."""
+
+
+def load_handler(spec: str) -> Handler:
+    """The function ``"module:function"`` names; a clear error if it does not exist."""
+    module_name, _, attribute = spec.partition(":")
+    if not module_name or not attribute:
+        raise ValueError(f"handler must be 'module:function', not {spec!r}")
+    handler = getattr(importlib.import_module(module_name), attribute, None)
+    if not callable(handler):
+        raise ValueError(f"handler {spec!r}: {module_name} has no function {attribute!r}")
+    return cast(Handler, handler)
 
 
 def run_worker(config: WorkerConfig, stats: Any, stop: Any) -> None:
@@ -113,6 +132,7 @@ def _report(config: WorkerConfig, line: str) -> None:
 
 
 async def _work(config: WorkerConfig, stats: Any, stop: Any) -> None:
+    handler = load_handler(config.handler) if config.handler else None
     rng = random.Random(config.seed)
     repo = SqlRepository(config.url)
     queue = TaskQueue(
@@ -138,7 +158,7 @@ async def _work(config: WorkerConfig, stats: Any, stop: Any) -> None:
             stats[CLAIMED] += len(leases)
             stats[HOLDING] = len(leases)
             for i, lease in enumerate(leases):
-                await _process(queue, repo, config, rng, stats, lease)
+                await _process(queue, repo, config, rng, stats, lease, handler)
                 stats[HOLDING] = len(leases) - i - 1
     finally:
         await repo.close()
@@ -151,6 +171,7 @@ async def _process(
     rng: random.Random,
     stats: Any,
     lease: Any,
+    handler: Handler | None,
 ) -> None:
     fence = lease.fence
     expires_at = lease.expires_at
@@ -175,6 +196,8 @@ async def _process(
             # The effect first, then the fenced completion: if the completion
             # is stale, the transaction rolls back and the effect vanishes.
             await EffectLedger.record(tx, fence, config.name)
+            if handler is not None:
+                await handler(tx, lease)
             await queue.complete(fence, tx=tx)
     except StaleClaim:
         stats[STALE] += 1
