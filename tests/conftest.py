@@ -1,29 +1,35 @@
 """Shared fixtures: a fresh migrated database per test, on each engine.
 
-``engine`` is a parameter of every storage test, so the same test id runs on
-``sqlite`` and ``postgres``. Postgres is a real server: a throwaway cluster
-started by this test process on loopback (or ``TRACE_TEST_POSTGRES_URL``).
-Each test gets a migrated database of its own, from the pool of
-:mod:`tests.postgres_pool` (emptied between tests instead of copied anew).
+They are the kit's (:mod:`trace_testing.plugin`) under the names this suite
+has always used: ``engine`` is :func:`~trace_testing.plugin.trace_engine`, a
+parameter of every storage test, so the same test id runs on ``sqlite`` and
+``postgres`` (``--trace-engines`` narrows it). Postgres is a real server: a
+throwaway cluster started by this test process on loopback (or
+``TRACE_TEST_POSTGRES_URL`` / ``--trace-postgres-url``). Each test gets a
+migrated database of its own, from the pool of :mod:`trace_testing.postgres`
+(emptied between tests instead of copied anew).
+
+``database_url`` depends on ``engine`` (not on ``trace_engine``), so a module
+that pins ``engine`` (a fixture of its own, or ``parametrize("engine", ...)``)
+still picks the engine of its databases.
 """
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.postgres_pool import PostgresServer
 from trace_core.clock import ManualClock
-from trace_core.storage.migrate import upgrade
 from trace_core.storage.sql import SqlRepository
 from trace_lite.redis_server import RedisServer, find_redis_server
+from trace_testing.databases import open_repository, provision_database
+from trace_testing.postgres import PostgresServer
 
-pytest_plugins = ["tests.spark_fixtures", "tests.cpu_report"]
-
-ENGINES = ("sqlite", "postgres")
+# The kit's plugin first: loaded here by name, it is the same registration as
+# the pytest11 entry point's (pytest skips a plugin name it already has).
+pytest_plugins = ["trace_testing.plugin", "pytester", "tests.spark_fixtures", "tests.cpu_report"]
 
 
 @pytest.fixture
@@ -32,10 +38,9 @@ def anyio_backend() -> str:
 
 
 @pytest.fixture(scope="session")
-def postgres_server() -> Iterator[PostgresServer]:
-    server = PostgresServer()
-    yield server
-    server.stop()
+def postgres_server(trace_postgres_server: PostgresServer) -> PostgresServer:
+    """The run's Postgres server and its pool (the kit's ``trace_postgres_server``)."""
+    return trace_postgres_server
 
 
 @pytest.fixture(scope="session")
@@ -54,41 +59,29 @@ def redis_url(redis_server: RedisServer) -> str:
 
 
 @pytest.fixture(scope="session")
-def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("sqlite-template") / "template.db"
-    upgrade(f"sqlite:///{path}")
-    return path
+def sqlite_template(trace_sqlite_template: Path) -> Path:
+    """The migrated SQLite file databases are copied from (the kit's)."""
+    return trace_sqlite_template
 
 
-@pytest.fixture(params=ENGINES)
-def engine(request: pytest.FixtureRequest) -> str:
+@pytest.fixture
+def engine(trace_engine: str) -> str:
     """The engine under test: ``sqlite`` or ``postgres``."""
-    return str(request.param)
+    return trace_engine
 
 
 @pytest.fixture
 def database_url(engine: str, request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     """An empty, migrated database on the engine under test, for this test alone."""
-    if engine == "sqlite":
-        template: Path = request.getfixturevalue("sqlite_template")
-        target = tmp_path / "trace.db"
-        shutil.copyfile(template, target)
-        yield f"sqlite:///{target}"
-        return
-    server: PostgresServer = request.getfixturevalue("postgres_server")
-    with server.database() as url:
-        yield url
+    yield from provision_database(engine, request, tmp_path)
 
 
 @pytest.fixture
-def clock() -> ManualClock:
-    return ManualClock()
+def clock(trace_clock: ManualClock) -> ManualClock:
+    return trace_clock
 
 
 @pytest.fixture
 async def repo(database_url: str) -> AsyncIterator[SqlRepository]:
-    repository = SqlRepository(database_url)
-    try:
+    async with open_repository(database_url) as repository:
         yield repository
-    finally:
-        await repository.close()

@@ -19,8 +19,8 @@ import pytest
 from benchmarks._euterpe_receiver import ReceiverProcess
 from benchmarks._euterpe_run import REQUESTER, BenchmarkFailed, Params, run_engine
 from benchmarks.euterpe import main
-from tests.postgres_pool import PostgresServer
 from trace_core.security.webhook_signing import MasterSecret, WebhookSigner
+from trace_testing.postgres import PostgresServer
 
 JOBS = 3
 STAGES = 6  # queued, claimed, fetching, processing, uploading, succeeded

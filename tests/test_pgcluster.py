@@ -12,7 +12,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from trace_lite.pgcluster import PostgresCluster, external_postgres_url
+from trace_lite.pgcluster import PostgresCluster
+from trace_testing.postgres import external_postgres_url
 
 _TCP_LISTEN = "0A"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from tests.postgres_pool import PostgresServer
+from trace_testing.postgres import PostgresServer
 
 _INSERT = "INSERT INTO outbox (kind, payload, available_at) VALUES ('k', '{}', now()) RETURNING id"
 

@@ -60,7 +60,6 @@ from hypothesis.stateful import (
 )
 
 from tests.factories import make_job
-from tests.postgres_pool import PostgresServer
 from trace_core.clock import ManualClock
 from trace_core.errors import InvalidTransition, StaleClaim
 from trace_core.leasing import LeaseConfig
@@ -71,6 +70,7 @@ from trace_core.storage import schema
 from trace_core.storage.protocol import NewTask
 from trace_core.storage.sql import SqlRepository
 from trace_core.tasks import TaskQueue
+from trace_testing.postgres import PostgresServer
 
 T = TypeVar("T")
 

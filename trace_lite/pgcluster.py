@@ -1,4 +1,8 @@
-"""Throwaway PostgreSQL clusters for tests and local development.
+"""Throwaway PostgreSQL clusters for tests, benchmarks and local rehearsals.
+
+Runtime code starts one too (``trace-aws rehearse``), so the cluster stays in
+this package; the test-run parts (the pool of migrated databases, the choice
+of an external server) are :mod:`trace_testing.postgres`.
 
 `PostgresCluster` runs ``initdb`` into a fresh temporary directory, starts a
 ``postgres`` server that listens on 127.0.0.1 only (its unix socket lives in
@@ -32,25 +36,16 @@ if TYPE_CHECKING:
     from psycopg import Connection
     from psycopg.rows import TupleRow
 
-__all__ = ["PostgresCluster", "external_postgres_url", "find_postgres_bindir"]
+__all__ = ["PostgresCluster", "find_postgres_bindir"]
 
 SUPERUSER = "trace"
 HOST = "127.0.0.1"
-EXTERNAL_URL_ENV = "TRACE_TEST_POSTGRES_URL"
 # PostgreSQL refuses to run as root, so a root caller drops to this account.
 _SYSTEM_USER = "postgres"
 _REQUIRED_BINARIES = ("initdb", "pg_ctl", "postgres", "pg_isready")
 _PORT_ATTEMPTS = 5
 _MAX_SOCKET_PATH = 103
 _BIND_FAILURE = re.compile(r"could not (bind|create any TCP/IP sockets)|Address already in use")
-
-
-def external_postgres_url() -> str | None:
-    """Return the server URL from ``TRACE_TEST_POSTGRES_URL``, or None if it is unset or empty.
-
-    Callers that find a URL here use that server instead of starting a cluster.
-    """
-    return os.environ.get(EXTERNAL_URL_ENV) or None
 
 
 def _has_server_binaries(bindir: Path) -> bool:

@@ -1,63 +1,45 @@
-"""A task worker run as an OS process by ``tests/test_multiprocess.py``.
+"""A task worker run as an OS process by :class:`~trace_testing.faults.WorkerFleet`.
 
-Importable (``multiprocessing`` spawn context pickles the entry point by name).
-The worker claims tasks in batches, does a fake "effect" (a short pause, now
-and then one longer than the lease), and records the effect in a completion
-ledger in the *same* transaction as the fenced completion: if the completion
-is stale the transaction rolls back and the ledger row vanishes. A unique
-violation on the ledger while the worker's lease is still current would be
-a double effect: it is counted as a protocol violation. It also runs
-the reaper's and the retry scheduler's cores (``reclaim_expired`` and
-``requeue_due``) on a timer.
+Importable (``multiprocessing``'s spawn context pickles the entry point by
+name). The worker claims tasks in batches, does a fake "effect" (a short
+pause, now and then one longer than the lease), and records the effect in
+the :class:`~trace_testing.history.EffectLedger` in the *same* transaction as
+the fenced completion: if the completion is stale the transaction rolls back
+and the ledger row vanishes. It also runs the reaper's and the retry
+scheduler's cores (``reclaim_expired`` and ``requeue_due``) on a timer.
 
-It reports through shared memory only (a ``RawArray`` of counters), so that
-a ``SIGKILL`` at any instant cannot corrupt a pipe the parent reads; details
-of a protocol violation or a crash go to a per-worker file.
+A ledger row refused by its unique key (a second effect under one attempt)
+would mean two holders of one lease: it is counted as a protocol violation.
+After the run, :func:`~trace_testing.history.check_history` reports lost,
+duplicated and out-of-fence effects.
+
+It reports through shared memory only (a ``RawArray`` of counters, see
+:data:`STAT_NAMES`), so that a ``SIGKILL`` at any instant cannot corrupt a
+pipe the parent reads; details of a protocol violation or a crash go to the
+report file.
 """
 
 from __future__ import annotations
 
+import importlib
 import random
 import time
 import traceback
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 import anyio
-import sqlalchemy as sa
 
 from trace_core.errors import DuplicateItem, StaleClaim
 from trace_core.leasing import LeaseConfig
 from trace_core.retry import Backoff, RetryPolicy
 from trace_core.storage.sql import SqlRepository
-from trace_core.storage.sql_errors import translate_errors
 from trace_core.tasks import TaskQueue
+from trace_testing.drain import Handler
+from trace_testing.history import EffectLedger
 
-__all__ = [
-    "LEDGER",
-    "LEDGER_DDL",
-    "STAT_NAMES",
-    "WorkerConfig",
-    "run_worker",
-]
-
-LEDGER_DDL = (
-    "CREATE TABLE completion_ledger ("
-    " task_id TEXT NOT NULL,"
-    " attempt INTEGER NOT NULL,"
-    " worker TEXT NOT NULL,"
-    " CONSTRAINT completion_ledger_pk PRIMARY KEY (task_id),"
-    " CONSTRAINT completion_ledger_task_unique UNIQUE (task_id))"
-)
-"""The effect's ledger: one row per task, ever (a second row is a double effect)."""
-
-LEDGER = sa.table(
-    "completion_ledger",
-    sa.column("task_id", sa.Text()),
-    sa.column("attempt", sa.Integer()),
-    sa.column("worker", sa.Text()),
-)
+__all__ = ["STAT_NAMES", "WorkerConfig", "load_handler", "run_worker"]
 
 # Indexes into a worker's shared counters.
 CLAIMED = 0
@@ -75,9 +57,9 @@ HEARTBEATS = 9
 HEARTBEAT_STALE = 10
 STARTED = 11
 """Set to 1 once the worker is connected and about to claim."""
-STALE_COLLISIONS = 12
-"""A stale holder's effect hit the ledger row of the newer attempt that
-completed (refused by the unique key before the fence could refuse it)."""
+IN_EFFECT = 12
+"""1 while the worker does an effect's work (outside any transaction): the
+moment to pause it without freezing a database lock with it."""
 STAT_NAMES = (
     "claimed",
     "completed",
@@ -91,8 +73,9 @@ STAT_NAMES = (
     "heartbeats",
     "heartbeat_stale",
     "started",
-    "stale_collisions",
+    "in_effect",
 )
+"""The counters of one worker, in the order of its ``RawArray``."""
 
 
 @dataclass(frozen=True)
@@ -112,10 +95,28 @@ class WorkerConfig:
     """Longer than the lease: the lease expires under the worker's feet."""
     maintenance_seconds: float = 0.25
     idle_seconds: float = 0.02
+    handler: str | None = None
+    """``"module:function"`` of the code under test, an async ``(tx, lease)``
+    (a :data:`~trace_testing.drain.Handler`): it runs in the completion's
+    transaction, after the ledger record, so its writes share the fate of
+    the fenced completion. Importable by name: the worker is a fresh
+    interpreter."""
+
+
+def load_handler(spec: str) -> Handler:
+    """The function ``"module:function"`` names; a clear error if it does not exist."""
+    module_name, _, attribute = spec.partition(":")
+    if not module_name or not attribute:
+        raise ValueError(f"handler must be 'module:function', not {spec!r}")
+    handler = getattr(importlib.import_module(module_name), attribute, None)
+    if not callable(handler):
+        raise ValueError(f"handler {spec!r}: {module_name} has no function {attribute!r}")
+    return cast(Handler, handler)
 
 
 def run_worker(config: WorkerConfig, stats: Any, stop: Any) -> None:
-    """Process entry point: work until ``stop`` is set; exit 1 on any crash."""
+    """Process entry point (a :class:`~trace_testing.faults.WorkerFleet`
+    target): work until ``stop`` is set; exit 1 on any crash."""
     try:
         anyio.run(_work, config, stats, stop)
     except BaseException:
@@ -131,6 +132,7 @@ def _report(config: WorkerConfig, line: str) -> None:
 
 
 async def _work(config: WorkerConfig, stats: Any, stop: Any) -> None:
+    handler = load_handler(config.handler) if config.handler else None
     rng = random.Random(config.seed)
     repo = SqlRepository(config.url)
     queue = TaskQueue(
@@ -156,7 +158,7 @@ async def _work(config: WorkerConfig, stats: Any, stop: Any) -> None:
             stats[CLAIMED] += len(leases)
             stats[HOLDING] = len(leases)
             for i, lease in enumerate(leases):
-                await _process(queue, repo, config, rng, stats, lease)
+                await _process(queue, repo, config, rng, stats, lease, handler)
                 stats[HOLDING] = len(leases) - i - 1
     finally:
         await repo.close()
@@ -169,6 +171,7 @@ async def _process(
     rng: random.Random,
     stats: Any,
     lease: Any,
+    handler: Handler | None,
 ) -> None:
     fence = lease.fence
     expires_at = lease.expires_at
@@ -182,43 +185,31 @@ async def _process(
             stats[HEARTBEAT_STALE] += 1
             return
     # The effect's work, outside any transaction (SQLite has one writer).
+    stats[IN_EFFECT] = 1
     if rng.random() < config.long_hold_probability:
         await anyio.sleep(config.long_hold_seconds)
     else:
         await anyio.sleep(rng.uniform(0, config.max_effect_seconds))
+    stats[IN_EFFECT] = 0
     try:
         async with repo.transaction() as tx:
             # The effect first, then the fenced completion: if the completion
             # is stale, the transaction rolls back and the effect vanishes.
-            with translate_errors("completion ledger insert"):
-                await tx.connection.execute(
-                    sa.insert(LEDGER).values(
-                        task_id=str(lease.item_id), attempt=lease.attempt, worker=config.name
-                    )
-                )
+            await EffectLedger.record(tx, fence, config.name)
+            if handler is not None:
+                await handler(tx, lease)
             await queue.complete(fence, tx=tx)
     except StaleClaim:
         stats[STALE] += 1
     except DuplicateItem as exc:
-        # Another effect of this task committed. That is expected only if our
-        # lease is stale (a newer attempt completed while we overran the lease:
-        # our completion would have been refused right after the insert). With
-        # our lease still current it is a double effect: a protocol violation.
-        state = await queue.leases.inspect(lease.item_id)
-        current = (state.attempt, state.lease_token, state.claim_version) == (
-            lease.attempt,
-            lease.lease_token,
-            lease.claim_version,
+        # A second effect under this very attempt: another holder of the same
+        # lease committed one. Exclusivity is broken.
+        stats[VIOLATIONS] += 1
+        _report(
+            config,
+            f"VIOLATION {config.name} task={lease.item_id} attempt={lease.attempt} "
+            f"claim_version={lease.claim_version}: {exc}",
         )
-        if current:
-            stats[VIOLATIONS] += 1
-            _report(
-                config,
-                f"VIOLATION {config.name} task={lease.item_id} attempt={lease.attempt} "
-                f"claim_version={lease.claim_version} state={state}: {exc}",
-            )
-        else:
-            stats[STALE_COLLISIONS] += 1
     else:
         stats[COMPLETED] += 1
         if datetime.now(UTC) > expires_at:

@@ -1,4 +1,4 @@
-"""The tests' PostgreSQL: one throwaway server per test process and a pool of
+"""A test run's PostgreSQL: one throwaway server per test process and a pool of
 migrated databases that tests borrow and give back clean.
 
 ``CREATE DATABASE … TEMPLATE`` costs about 0.3 s here, a third of a typical
@@ -12,6 +12,12 @@ the next borrower gets a new copy of the template.
 The server is for tests only: ``fsync``, ``synchronous_commit`` and
 ``full_page_writes`` are off (nothing here must survive a machine crash).
 Benchmarks start their own clusters with the durable defaults.
+
+The cluster itself (:class:`~trace_lite.pgcluster.PostgresCluster`) stays in
+the runtime package: ``trace-aws rehearse`` and the benchmarks start one
+outside any test run. What only tests need lives here: the choice of the
+user's own server (``TRACE_TEST_POSTGRES_URL`` or ``--trace-postgres-url``),
+the non-durable settings, the migrated template and the pool.
 """
 
 from __future__ import annotations
@@ -25,12 +31,30 @@ from contextlib import contextmanager
 import psycopg
 from psycopg import sql
 
-from trace_lite.pgcluster import PostgresCluster, external_postgres_url
+from trace_lite.pgcluster import PostgresCluster
 
-__all__ = ["NON_DURABLE", "PostgresServer"]
+__all__ = [
+    "EXTERNAL_URL_ENV",
+    "NON_DURABLE",
+    "PostgresCluster",
+    "PostgresServer",
+    "external_postgres_url",
+]
+
+EXTERNAL_URL_ENV = "TRACE_TEST_POSTGRES_URL"
+"""The environment variable naming a server of the user's own to test on."""
 
 NON_DURABLE = {"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off"}
 """Server settings of the tests' throwaway cluster."""
+
+
+def external_postgres_url() -> str | None:
+    """Return the server URL from ``TRACE_TEST_POSTGRES_URL``, or None if it is unset or empty.
+
+    Callers that find a URL here use that server instead of starting a cluster.
+    """
+    return os.environ.get(EXTERNAL_URL_ENV) or None
+
 
 # Everything about a database's schema that a test could change, as one digest:
 # relations with their columns, defaults, constraints, routines, types,
@@ -90,15 +114,18 @@ SELECT c.oid::regclass::text, s.seqstart FROM pg_class c
 class PostgresServer:
     """A server for this test process, a migrated template and the pool of databases.
 
-    Uses ``TRACE_TEST_POSTGRES_URL`` when set (that server's settings are its
-    owner's), else starts a :class:`PostgresCluster` of its own.
+    Uses ``external_url`` (by default ``TRACE_TEST_POSTGRES_URL``) when set:
+    that server's settings are its owner's, and the role needs ``CREATEDB``.
+    Else starts a :class:`PostgresCluster` of its own, kept as :attr:`cluster`
+    (the fault tools crash-restart it).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, external_url: str | None = None) -> None:
+        """Start (or reach) the server, then migrate the template database."""
         from trace_core.storage.migrate import upgrade
 
         self._cluster: PostgresCluster | None = None
-        external = external_postgres_url()
+        external = external_url or external_postgres_url()
         if external is None:
             self._cluster = PostgresCluster(settings=NON_DURABLE)
             self._cluster.start()
@@ -112,6 +139,11 @@ class PostgresServer:
         upgrade(self.url(self._template))
         with psycopg.connect(self.url(self._template)) as conn:
             self._fingerprint = _fingerprint(conn)
+
+    @property
+    def cluster(self) -> PostgresCluster | None:
+        """The throwaway cluster this process started; None on the user's own server."""
+        return self._cluster
 
     def url(self, dbname: str) -> str:
         """The URL of database ``dbname`` on this server."""
