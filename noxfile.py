@@ -14,7 +14,7 @@ nox.options.sessions = ["lint", "typecheck", "tests"]
 # `nox -R`/`--no-reuse-existing-virtualenvs` forces a fresh one.
 nox.options.reuse_venv = "yes"
 
-PACKAGES = ["trace_core", "trace_lite", "trace_aws"]
+PACKAGES = ["trace_core", "trace_lite", "trace_aws", "trace_testing"]
 # mypy must see every optional dependency, or imports in adapters become `Any`.
 ALL_EXTRAS = ".[dev,postgres,spark,aws,http]"
 
