@@ -31,9 +31,12 @@ __all__ = [
     "DatasetVersionsOut",
     "DeployIn",
     "DeployOut",
+    "JobPauseOut",
     "LineageEdgeOut",
     "LineageOut",
+    "PauseOut",
     "PersonQuery",
+    "RematerializeOut",
     "RollbackOut",
     "TaskDetailOut",
     "TaskOut",
@@ -263,6 +266,32 @@ class TriggerIn(Request):
     """``POST /v1/dags/{dag}/jobs/{job}/trigger``: start the manual source's task for ``key``."""
 
     key: Name
+
+
+class JobPauseOut(BaseModel):
+    """One live job's pause state after a manual pause or resume."""
+
+    job_id: uuid.UUID
+    paused: bool
+    reason: str | None
+    """``manual by <who>`` for a manual pause, the monitor's words for backpressure."""
+    changed: bool
+    """Whether this request changed it (a resume leaves a backpressure pause)."""
+
+
+class PauseOut(BaseModel):
+    """``POST /v1/dags/{dag}/jobs/{job}/pause`` or ``/resume``: every live
+    version's job of that name (current, and building during a rebuild)."""
+
+    dag_name: str
+    job_name: str
+    jobs: list[JobPauseOut]
+
+
+class RematerializeOut(DeployOut):
+    """``POST /v1/datasets/{name}/rematerialize``: the deploy that rebuilds it."""
+
+    dataset: str
 
 
 class PersonQuery(Request):
