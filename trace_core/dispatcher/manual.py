@@ -68,11 +68,14 @@ class ManualTrigger:
         """Accept ``events`` as manual events (no producer task) and route them."""
         return await self.gateway.accept(events, producer=None)
 
-    async def create_task(self, job: str | uuid.UUID, key: str) -> ManualRun:
+    async def create_task(
+        self, job: str | uuid.UUID, key: str, *, org_id: uuid.UUID | None = None
+    ) -> ManualRun:
         """Create the task of manual source ``job`` for ``key`` (idempotent per key).
 
         ``job`` is a job id, a job name, or ``dag_name/job_name`` when the name
-        alone is ambiguous. Raises :class:`NotFound` for no such live job and
+        alone is ambiguous; with ``org_id`` only that org's jobs are looked at
+        (another org's job reads as missing). Raises :class:`NotFound` for no such live job and
         :class:`ConfigurationError` for a job that is not a manual source or a
         blank or over-long key.
         """
@@ -82,7 +85,8 @@ class ManualTrigger:
             )
         now = self.clock.now()
         async with self.repo.transaction() as t:
-            target = _resolve(await live_source_jobs(t), job)
+            jobs = await live_source_jobs(t)
+            target = _resolve([j for j in jobs if org_id in (None, j.org_id)], job)
             paused, why = await t.job_states.pause_state(target.job_id)
             if paused:
                 manual = why is not None and why.startswith(MANUAL_PREFIX)
