@@ -215,3 +215,17 @@ def test_pause_resume_and_rematerialize_act_on_the_named_org_only(
     assert len(after["versions"]) == len(a["versions"]) + 1  # type: ignore[arg-type]
     # Nothing of B moved: no pause, no new version.
     assert anyio.run(_org_state, database_url, B) == b_before
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["pause", "ops", "react"], ["resume", "ops", "react"], ["rematerialize", "reacted"]],
+    ids=" ".join,
+)
+def test_the_control_commands_never_create_a_database(
+    argv: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = tmp_path / "nested" / "x.db"
+    code, _, err = _run(capsys, *argv, "--db", f"sqlite:///{missing}")
+    assert code == 2 and f"no state database at {missing.resolve()}" in err
+    assert list(tmp_path.iterdir()) == []
