@@ -232,6 +232,8 @@ def _requests(lease: dict[str, Any]) -> list[tuple[str, str, dict[str, Any], dic
         ("GET", "/internal/explain", {"dag": "outage", "job": "tick"}, AUTH),
         ("GET", "/internal/metrics", {}, AUTH),
         ("POST", "/internal/trigger", {"job": "outage/tick", "key": "during-outage"}, AUTH),
+        ("POST", "/internal/pause", {"dag": "outage", "job": "tick", "by": "probe"}, AUTH),
+        ("POST", "/internal/resume", {"dag": "outage", "job": "tick", "by": "probe"}, AUTH),
         ("GET", "/readyz", {}, AUTH),
         ("POST", "/v1/task/heartbeat", fence, cap),
         ("POST", "/v1/task/complete", {**fence, "status": "Completed"}, cap),

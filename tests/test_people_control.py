@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from tests.api_fixtures import AUTH
 from tests.test_people_data import World, _ids, _missing_like, world_of
 from trace_core.authoring.events import DatasetEvent
 from trace_core.clock import ManualClock
@@ -200,3 +201,33 @@ async def test_rematerialize_deploys_a_new_version_of_the_dataset_and_what_follo
         clock.advance(1)
         again = (await world.post("wendy", "/v1/datasets/doubled/rematerialize")).json()
         assert again["changed"] is True and again["dag_version_id"] != body["dag_version_id"]
+
+
+async def test_the_machine_routes_pause_and_resume_with_the_internal_token(
+    repo: SqlRepository, clock: ManualClock
+) -> None:
+    async with world_of(repo, clock) as world:
+        double = (await _ids(repo))["job:double"]
+        body = {"dag": "api", "job": "double", "by": "ops-bot"}
+        person = await world.client.post("/internal/pause", json=body)
+        assert person.status_code == 401  # no internal token, nothing changes
+        assert await _pause_state(repo, double) == (False, None)
+
+        paused = await world.client.post("/internal/pause", json=body, headers=AUTH)
+        assert paused.status_code == 200, paused.text
+        assert paused.json()["jobs"] == [
+            {"job_id": str(double), "paused": True, "reason": "manual by ops-bot", "changed": True}
+        ]
+        assert (await world.dispatcher.backpressure.run_once()).resumed == []
+        resumed = await world.client.post("/internal/resume", json=body, headers=AUTH)
+        assert resumed.json()["jobs"][0]["paused"] is False
+        assert await _pause_state(repo, double) == (False, None)
+
+        other_org = await world.client.post(
+            "/internal/pause", json={**body, "org": "acme"}, headers=AUTH
+        )
+        assert other_org.status_code == 404
+        assert other_org.json()["reason"] == "no job 'double' in DAG 'api' of org 'acme'"
+        blank = await world.client.post("/internal/pause", json={**body, "by": " "}, headers=AUTH)
+        assert blank.status_code == 400 and blank.json()["field"] == "by"
+        assert await _pause_state(repo, double) == (False, None)

@@ -29,9 +29,8 @@ from fastapi import APIRouter
 from trace_core.api.errors import ERROR_RESPONSES
 from trace_core.api.people import Who
 from trace_core.api.people_data import MISSING, WRITER, deploy_yaml, need_write
-from trace_core.api.people_data_models import JobPauseOut, PauseOut, RematerializeOut
+from trace_core.api.people_data_models import PauseOut, RematerializeOut
 from trace_core.dag.rematerialize import with_rematerialization
-from trace_core.dispatcher.manual_pause import PauseChange
 from trace_core.dispatcher.service import Dispatcher
 from trace_core.people.access import Caller
 from trace_core.people.catalog import PeopleCatalog
@@ -42,17 +41,6 @@ __all__ = ["people_control_router"]
 def _person(who: Caller) -> str:
     """Who a manual pause names: the user's email, else their IdP subject."""
     return who.email or who.external_id
-
-
-def _answer(dag: str, job: str, changes: list[PauseChange]) -> PauseOut:
-    return PauseOut(
-        dag_name=dag,
-        job_name=job,
-        jobs=[
-            JobPauseOut(job_id=c.job_id, paused=c.paused, reason=c.reason, changed=c.changed)
-            for c in changes
-        ],
-    )
 
 
 def people_control_router(dispatcher: Dispatcher, catalog: PeopleCatalog) -> APIRouter:
@@ -67,7 +55,7 @@ def people_control_router(dispatcher: Dispatcher, catalog: PeopleCatalog) -> API
         resumes it; backpressure never lifts this pause."""
         need_write(who)
         job_ids = await catalog.live_jobs(who, dag, job)
-        return _answer(dag, job, await dispatcher.pauses.pause(job_ids, by=_person(who)))
+        return PauseOut.of(dag, job, await dispatcher.pauses.pause(job_ids, by=_person(who)))
 
     @router.post(
         "/dags/{dag}/jobs/{job}/resume", response_model=PauseOut, responses=WRITER | MISSING
@@ -76,7 +64,7 @@ def people_control_router(dispatcher: Dispatcher, catalog: PeopleCatalog) -> API
         """Lift the job's manual pause (writer); a pause by backpressure stays."""
         need_write(who)
         job_ids = await catalog.live_jobs(who, dag, job)
-        return _answer(dag, job, await dispatcher.pauses.resume(job_ids, by=_person(who)))
+        return PauseOut.of(dag, job, await dispatcher.pauses.resume(job_ids, by=_person(who)))
 
     @router.post(
         "/datasets/{name}/rematerialize",

@@ -12,6 +12,7 @@ from trace_core.api.fields import Name, Request, check_text
 from trace_core.api.query import DEFAULT_QUERY_LIMIT, MAX_QUERY_LIMIT, MAX_SQL_LENGTH
 from trace_core.api.task_attempts import AttemptView
 from trace_core.dag.coverage import Coverage
+from trace_core.dispatcher.manual_pause import PauseChange
 from trace_core.people.catalog import DagDetail, DatasetDetail, TaskDetail
 from trace_core.storage.ports import LineageRow
 from trace_core.storage.ports.catalog import (
@@ -286,6 +287,18 @@ class PauseOut(BaseModel):
     dag_name: str
     job_name: str
     jobs: list[JobPauseOut]
+
+    @classmethod
+    def of(cls, dag: str, job: str, changes: list[PauseChange]) -> PauseOut:
+        """The answer for ``changes`` of the live jobs ``dag/job``."""
+        return cls(
+            dag_name=dag,
+            job_name=job,
+            jobs=[
+                JobPauseOut(job_id=c.job_id, paused=c.paused, reason=c.reason, changed=c.changed)
+                for c in changes
+            ],
+        )
 
 
 class RematerializeOut(DeployOut):

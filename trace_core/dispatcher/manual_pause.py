@@ -23,7 +23,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 
 from trace_core.clock import Clock, SystemClock
-from trace_core.errors import InvalidInput
+from trace_core.errors import InvalidInput, NotFound
 from trace_core.storage.ports.job_states import by_job_id
 from trace_core.storage.protocol import Repository
 
@@ -33,6 +33,7 @@ MANUAL_PREFIX = "manual by "
 """How the reason of a pause set by hand starts."""
 
 _MAX_WHO = 200
+_LIVE = ("current", "building")
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,22 @@ class ManualPause:
     def __init__(self, repo: Repository, *, clock: Clock | None = None) -> None:
         self.repo = repo
         self.clock = clock or SystemClock()
+
+    async def live_job_ids(self, org_slug: str, dag: str, job: str) -> list[uuid.UUID]:
+        """Every live job ``dag/job`` of org ``org_slug`` (the current version's,
+        and the building one's during a rebuild): what a machine's pause names.
+        :class:`~trace_core.errors.NotFound` (the explainer's words) when none is."""
+        async with self.repo.read() as tx:
+            org_id = await tx.registry.find_org(org_slug)
+            jobs = [] if org_id is None else await tx.catalog.jobs(org_id)
+        found = [
+            j.job_id
+            for j in jobs
+            if j.dag_name == dag and j.name == job and j.version_status in _LIVE
+        ]
+        if not found:
+            raise NotFound(f"no job {job!r} in DAG {dag!r} of org {org_slug!r}")
+        return found
 
     async def pause(self, job_ids: Collection[uuid.UUID], *, by: str) -> list[PauseChange]:
         """Pause ``job_ids`` by hand on behalf of ``by`` (who, for the reason)."""
