@@ -27,6 +27,9 @@ trigger``                                         for ``{key}``
                                                   (``column``) through visible datasets
 ======================================  ========  ====================================
 
+The writer's controls (pause and resume a job by hand, rematerialize a
+dataset) are :mod:`trace_core.api.people_control`'s, under the same prefixes.
+
 Everything is scoped to the caller's org, and within it to what the caller
 may see (:mod:`trace_core.people.visibility`): something invisible answers
 404 with the very body of a missing one. A reader's writing request is 403
