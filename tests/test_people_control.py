@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.api_fixtures import AUTH
+from tests.api_fixtures import AUTH, DAG
 from tests.test_people_data import World, _ids, _missing_like, world_of
 from trace_core.authoring.events import DatasetEvent
 from trace_core.clock import ManualClock
@@ -231,3 +231,18 @@ async def test_the_machine_routes_pause_and_resume_with_the_internal_token(
         blank = await world.client.post("/internal/pause", json={**body, "by": " "}, headers=AUTH)
         assert blank.status_code == 400 and blank.json()["field"] == "by"
         assert await _pause_state(repo, double) == (False, None)
+
+
+async def test_rematerializing_a_dataset_its_live_dag_no_longer_produces_is_a_400(
+    repo: SqlRepository, clock: ManualClock
+) -> None:
+    async with world_of(repo, clock) as world:
+        await world.user("wendy", "writer")
+        without = DAG.split("  - name: double")[0]
+        assert (await world.post("wendy", "/v1/dags", {"yaml": without})).status_code == 200
+        dag = (await world.get("wendy", "/v1/dags/api")).json()
+        refused = await world.post("wendy", "/v1/datasets/doubled/rematerialize")
+        assert refused.status_code == 400, refused.text
+        assert refused.json()["field"] == "name"
+        assert refused.json()["reason"] == "no live version of DAG 'api' produces it"
+        assert (await world.get("wendy", "/v1/dags/api")).json() == dag

@@ -32,6 +32,7 @@ from trace_core.api.people_data import MISSING, WRITER, deploy_yaml, need_write
 from trace_core.api.people_data_models import PauseOut, RematerializeOut
 from trace_core.dag.rematerialize import with_rematerialization
 from trace_core.dispatcher.service import Dispatcher
+from trace_core.errors import ConfigurationError, InvalidInput
 from trace_core.people.access import Caller
 from trace_core.people.catalog import PeopleCatalog
 
@@ -75,11 +76,14 @@ def people_control_router(dispatcher: Dispatcher, catalog: PeopleCatalog) -> API
         """Rebuild the dataset (writer): its producer and everything downstream get
         new versions, built beside the current ones and swapped in once caught up."""
         need_write(who)
-        _, text = await catalog.producer_yaml(who, name)
+        dag, text = await catalog.producer_yaml(who, name)
         token = dispatcher.clock.now().strftime("%Y%m%dT%H%M%S.%fZ")
-        done = await deploy_yaml(
-            dispatcher, catalog, who, with_rematerialization(text, name, token)
-        )
+        try:
+            rebuilt = with_rematerialization(text, name, token)
+        except ConfigurationError:
+            # The DAG's newest live version (one being built) no longer produces it.
+            raise InvalidInput("name", f"no live version of DAG {dag!r} produces it") from None
+        done = await deploy_yaml(dispatcher, catalog, who, rebuilt)
         return RematerializeOut(dataset=name, **done.model_dump())
 
     return router
