@@ -203,7 +203,7 @@ def test_no_request_produces_a_server_error(database_url: str) -> None:
             for result in schema.get_all_operations():
                 assert isinstance(result, Ok), result  # the document itself is valid
                 operations.append(result.ok())
-            assert len(operations) == 23  # 14 internal, 2 health, 7 task-scoped
+            assert len(operations) == 25  # 16 internal, 2 health, 7 task-scoped
             for operation in operations:
                 for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
                     _fuzz(operation, mode, world, portal)

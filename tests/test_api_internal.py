@@ -367,7 +367,7 @@ async def test_every_internal_route_requires_the_token(api: Api) -> None:
         for method in item
     ]
     health = {"/healthz", "/readyz"}  # liveness and readiness, behind the token too
-    assert len(routes) == 16
+    assert len(routes) == 18
     assert all(path.startswith("/internal/") or path in health for _, path in routes)
     routes += [("GET", "/internal/no-such-route"), ("DELETE", "/internal/task-claim")]
     wrong = [

@@ -43,6 +43,7 @@ from trace_core.storage.sql import SqlRepository
 from trace_core.storage.url import parse_database_url
 from trace_core.tasks import TaskQueue
 from trace_lite.cli_commands import Command, build_parser, in_event_loop, port, positive_int
+from trace_lite.control_cli import CONTROL_COMMANDS, STORAGE_ROOT, print_deploy
 from trace_lite.demo import DemoConfig, run_demo
 from trace_lite.euterpe_cli import EUTERPE_COMMANDS, EUTERPE_GROUPS
 from trace_lite.lineage_cli import LINEAGE_COMMANDS
@@ -85,7 +86,7 @@ def _file_and_org(parser: argparse.ArgumentParser) -> None:
 def _deploy_arguments(parser: argparse.ArgumentParser) -> None:
     _file_and_org(parser)
     parser.add_argument(
-        "--storage-root", default="s3://trace-lite/", help="prefix of Parquet dataset versions"
+        "--storage-root", default=STORAGE_ROOT, help="prefix of Parquet dataset versions"
     )
 
 
@@ -149,15 +150,7 @@ async def _dag_deploy(args: argparse.Namespace, db: StateDatabase) -> int:
         )
     finally:
         await repo.close()
-    if not result.changed:
-        print(f"{result.dag_name}: unchanged (version {result.dag_version_id} {result.status})")
-        return 0
-    print(f"{result.dag_name}: deployed version {result.dag_version_id} ({result.status})")
-    for name, pointer in sorted(result.datasets.items()):
-        mark = "new version" if pointer.new_version else "kept"
-        print(f"  dataset {name}: {pointer.dataset_version} ({mark})")
-    for version in result.abandoned_version_ids:
-        print(f"  abandoned building version {version}")
+    print_deploy(result)
     return 0
 
 
@@ -373,6 +366,7 @@ COMMANDS: tuple[Command, ...] = (
     *STATUS_COMMANDS,
     *LINEAGE_COMMANDS,
     *OPS_COMMANDS,
+    *CONTROL_COMMANDS,
     Command(
         ("run",),
         "run a pipeline DAG end to end in this process, with live progress",

@@ -11,6 +11,7 @@ from trace_core.clock import SystemClock
 from trace_core.dispatcher.explain import explain_job
 from trace_core.dispatcher.manual import ManualTrigger
 from trace_core.dispatcher.metrics import render_metrics
+from trace_core.errors import NotFound
 from trace_core.storage.sql import SqlRepository
 from trace_lite.cli_commands import Command, in_event_loop, positive_int
 from trace_lite.state_database import StateDatabase, Use
@@ -32,6 +33,7 @@ def _explain_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _trigger_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("job", help="job name, or dag/job")
+    parser.add_argument("--org", default="default", help="org slug (default 'default')")
     what = parser.add_mutually_exclusive_group(required=True)
     what.add_argument("--key", help="idempotency key of the manual run (same key, same task)")
     what.add_argument(
@@ -66,7 +68,11 @@ async def _trigger(args: argparse.Namespace, db: StateDatabase) -> int:
     try:
         trigger = ManualTrigger(repo, clock=SystemClock())
         if events is None:
-            run = await trigger.create_task(_job_ref(args.job), args.key)
+            async with repo.read() as tx:
+                org_id = await tx.registry.find_org(args.org)
+            if org_id is None:
+                raise NotFound(f"no live source job {args.job!r} in org {args.org!r}")
+            run = await trigger.create_task(_job_ref(args.job), args.key, org_id=org_id)
             if run.refused:
                 print(f"refused: {run.refused}")
                 return 1

@@ -26,6 +26,7 @@ import anyio
 import yaml
 
 from trace_core.dag import DagDocument, parse_dag
+from trace_core.dag.rematerialize import with_rematerialization
 from trace_core.errors import ConfigurationError
 from trace_core.storage import Repository
 from trace_lite.platform import LiteConfig, TraceLite
@@ -103,17 +104,6 @@ def with_block_count(text: str, blocks: int) -> str:
     if not changed:
         raise ConfigurationError("--blocks: the DAG has no source output with a block range")
     return str(yaml.safe_dump(doc, sort_keys=False))
-
-
-def with_rematerialization(text: str, dataset: str, token: str) -> str:
-    """The DAG YAML with ``config.rematerialize = token`` on ``dataset``'s producer."""
-    doc = yaml.safe_load(text)
-    for job in doc.get("jobs", []) if isinstance(doc, dict) else []:
-        outputs = job.get("outputs", []) if isinstance(job, dict) else []
-        if any(isinstance(o, dict) and o.get("dataset") == dataset for o in outputs):
-            job["config"] = {**(job.get("config") or {}), "rematerialize": token}
-            return str(yaml.safe_dump(doc, sort_keys=False))
-    raise ConfigurationError(f"--rematerialize: no job of the DAG produces {dataset!r}")
 
 
 def _load(options: RunOptions, operators: frozenset[str]) -> DagDocument:

@@ -36,6 +36,7 @@ from trace_core.api.internal import internal_router
 from trace_core.api.limits import BodyLimit
 from trace_core.api.ops import health_router, ops_router
 from trace_core.api.people import PEOPLE_PREFIXES, PeopleApi, PeopleAuth, people_router
+from trace_core.api.people_control import people_control_router
 from trace_core.api.people_data import DATA_PREFIXES, people_data_router
 from trace_core.api.query import QueryService, query_router
 from trace_core.api.streams import StreamClaimer
@@ -169,9 +170,9 @@ def create_app(
             app.include_router(query_router(dispatcher, query))
     if people is not None:
         app.include_router(people_router(people))
-        app.include_router(
-            people_data_router(dispatcher, PeopleCatalog(dispatcher.repo), query=query)
-        )
+        catalog = PeopleCatalog(dispatcher.repo)
+        app.include_router(people_data_router(dispatcher, catalog, query=query))
+        app.include_router(people_control_router(dispatcher, catalog))
     # The last added middleware runs first: authentication, then the body cap,
     # so an anonymous client cannot make the server buffer a body.
     app.add_middleware(BodyLimit, max_bytes=cfg.max_body_bytes)

@@ -31,6 +31,7 @@ __all__ = [
     "HeartbeatRequest",
     "HeartbeatResponse",
     "JwksDocument",
+    "PauseRequest",
     "TaskClaimRequest",
     "TaskClaimResponse",
     "TaskClaimed",
@@ -227,6 +228,17 @@ class TriggerRequest(Request):
     job: Name | None = None
     key: Name | None = None
     events: Annotated[list[EventIn], Field(min_length=1, max_length=MAX_EVENTS)] | None = None
+
+
+class PauseRequest(Request):
+    """``POST /internal/pause`` and ``/internal/resume``: the live job ``dag/job``
+    of ``org``, paused or resumed by hand on behalf of ``by``."""
+
+    dag: Name
+    job: Name
+    org: Name = "default"
+    by: Name
+    """Who, for the pause reason (``manual by <by>``)."""
 
 
 class TriggerResponse(BaseModel):

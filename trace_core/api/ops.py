@@ -7,6 +7,10 @@ route                          answers
                                ``org``, default ``default``); 404 no such job
 ``GET /internal/metrics``      200 Prometheus text, ``text/plain;
                                version=0.0.4``
+``POST /internal/pause``       200 ``{dag, job, org?, by}``: pause the live
+                               job by hand (as ``POST /v1/dags/{dag}/jobs/
+                               {job}/pause``); 404 no such job
+``POST /internal/resume``      200 the same body: lift only a manual pause
 ``POST /internal/trigger``     200 ``{job, key}``: the manual task
                                (``created``, or ``refused`` under
                                backpressure); ``{events}``: the accepted
@@ -45,7 +49,8 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from trace_core.api.errors import ERROR_RESPONSES, answer_doc
 from trace_core.api.fields import Name
 from trace_core.api.internal import to_events
-from trace_core.api.models import TriggerRequest, TriggerResponse
+from trace_core.api.models import PauseRequest, TriggerRequest, TriggerResponse
+from trace_core.api.people_data_models import PauseOut
 from trace_core.dispatcher.explain import Explanation
 from trace_core.dispatcher.metrics import CONTENT_TYPE
 from trace_core.dispatcher.service import Dispatcher
@@ -85,6 +90,24 @@ def ops_router(dispatcher: Dispatcher) -> APIRouter:
     async def metrics() -> _Metrics:
         """Queue depth and age, pauses and in-flight counts (Prometheus text 0.0.4)."""
         return _Metrics(await dispatcher.metrics())
+
+    async def pause_or_resume(request: PauseRequest, *, pause: bool) -> PauseOut:
+        pauses = dispatcher.pauses
+        job_ids = await pauses.live_job_ids(request.org, request.dag, request.job)
+        act = pauses.pause if pause else pauses.resume
+        changes = await act(job_ids, by=request.by)
+        return PauseOut.of(request.dag, request.job, changes)
+
+    @router.post("/pause", response_model=PauseOut, responses=_NOT_FOUND)
+    async def pause(request: PauseRequest) -> PauseOut:
+        """Pause the live job by hand: no new task until it is resumed; backpressure
+        never lifts this pause."""
+        return await pause_or_resume(request, pause=True)
+
+    @router.post("/resume", response_model=PauseOut, responses=_NOT_FOUND)
+    async def resume(request: PauseRequest) -> PauseOut:
+        """Lift the job's manual pause; a pause by backpressure stays."""
+        return await pause_or_resume(request, pause=False)
 
     @router.post("/trigger", responses=_NOT_FOUND)
     async def trigger(request: TriggerRequest) -> TriggerResponse:

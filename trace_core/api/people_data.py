@@ -27,6 +27,9 @@ trigger``                                         for ``{key}``
                                                   (``column``) through visible datasets
 ======================================  ========  ====================================
 
+The writer's controls (pause and resume a job by hand, rematerialize a
+dataset) are :mod:`trace_core.api.people_control`'s, under the same prefixes.
+
 Everything is scoped to the caller's org, and within it to what the caller
 may see (:mod:`trace_core.people.visibility`): something invisible answers
 404 with the very body of a missing one. A reader's writing request is 403
@@ -78,7 +81,7 @@ from trace_core.people.access import Caller, NotAllowed, Permission
 from trace_core.people.catalog import PeopleCatalog
 from trace_core.security.claims import DatasetInput
 
-__all__ = ["DATA_PREFIXES", "people_data_router"]
+__all__ = ["DATA_PREFIXES", "deploy_yaml", "need_write", "people_data_router"]
 
 DATA_PREFIXES = ("/v1/dags", "/v1/datasets", "/v1/tasks", "/v1/lineage", "/v1/query")
 """Paths of these routes: authorized by a person's token only."""
@@ -89,12 +92,41 @@ MAX_LINEAGE_DEPTH = 50
 
 _TASK_STATUS = Literal["Queued", "Running", "Completed", "Failed", "Canceled"]
 _Answers = dict[int | str, dict[str, Any]]
-_MISSING: _Answers = {404: answer_doc("No such object in the caller's org, or not visible")}
-_WRITER: _Answers = {403: answer_doc("The caller's platform role may not write")}
+MISSING: _Answers = {404: answer_doc("No such object in the caller's org, or not visible")}
+WRITER: _Answers = {403: answer_doc("The caller's platform role may not write")}
 _NOT_VISIBLE_SQL = "the query may read only the datasets you may see"
 
 
-def _need_write(who: Caller) -> None:
+async def deploy_yaml(
+    dispatcher: Dispatcher, catalog: PeopleCatalog, who: Caller, text: str
+) -> DeployOut:
+    """Deploy DAG YAML ``text`` into the caller's org: the one deploy path of
+    people's routes (``POST /v1/dags``, a rematerialization). The caller's
+    write permission is checked by the route."""
+    known = {d.name for d in await catalog.datasets(who)}
+    document = parse_dag(
+        text,
+        file="yaml",
+        operators=dispatcher.operators.names(),
+        runtimes=dispatcher.runtimes.names(),
+        known_datasets=known,
+    )
+    if document.spec.org is not None and document.spec.org != who.org_slug:
+        raise InvalidInput("yaml", "org: names another org than the caller's")
+    await catalog.check_deploy(who, document.spec)
+    done = await dispatcher.deploy(document, org_slug=who.org_slug)
+    return DeployOut(
+        dag_version_id=done.dag_version_id,
+        dag_name=done.dag_name,
+        yaml_hash=done.yaml_hash,
+        status=done.status,
+        changed=done.changed,
+        abandoned_version_ids=list(done.abandoned_version_ids),
+        canceled_task_ids=list(done.canceled_task_ids),
+    )
+
+
+def need_write(who: Caller) -> None:
     """A reader's writing request ends here, before anything is read or changed."""
     if not who.may(Permission.WRITE):
         raise Forbidden("forbidden", str(NotAllowed(Permission.WRITE)))
@@ -111,43 +143,23 @@ def people_data_router(
         """The DAGs of the caller's org."""
         return [DagOut.of(d) for d in await catalog.dags(who)]
 
-    @router.get("/dags/{dag}", response_model=DagVersionsOut, responses=_MISSING)
+    @router.get("/dags/{dag}", response_model=DagVersionsOut, responses=MISSING)
     async def get_dag(who: Who, dag: str) -> DagVersionsOut:
         """A DAG's versions, newest first, each with the visible datasets it points at."""
         return DagVersionsOut.of(await catalog.dag(who, dag))
 
-    @router.post("/dags", response_model=DeployOut, responses=_WRITER)
+    @router.post("/dags", response_model=DeployOut, responses=WRITER)
     async def deploy(who: Who, body: DeployIn) -> DeployOut:
         """Deploy a DAG file into the caller's org (writer). Every existing dataset
         it names, and every dataset the DAG produces today, must be one the
         caller may see."""
-        _need_write(who)
-        known = {d.name for d in await catalog.datasets(who)}
-        document = parse_dag(
-            body.yaml,
-            file="yaml",
-            operators=dispatcher.operators.names(),
-            runtimes=dispatcher.runtimes.names(),
-            known_datasets=known,
-        )
-        if document.spec.org is not None and document.spec.org != who.org_slug:
-            raise InvalidInput("yaml", "org: names another org than the caller's")
-        await catalog.check_deploy(who, document.spec)
-        done = await dispatcher.deploy(document, org_slug=who.org_slug)
-        return DeployOut(
-            dag_version_id=done.dag_version_id,
-            dag_name=done.dag_name,
-            yaml_hash=done.yaml_hash,
-            status=done.status,
-            changed=done.changed,
-            abandoned_version_ids=list(done.abandoned_version_ids),
-            canceled_task_ids=list(done.canceled_task_ids),
-        )
+        need_write(who)
+        return await deploy_yaml(dispatcher, catalog, who, body.yaml)
 
-    @router.post("/dags/{dag}/rollback", response_model=RollbackOut, responses=_WRITER | _MISSING)
+    @router.post("/dags/{dag}/rollback", response_model=RollbackOut, responses=WRITER | MISSING)
     async def rollback(who: Who, dag: str) -> RollbackOut:
         """Undo the DAG's last deploy (writer); abandoned work is canceled."""
-        _need_write(who)
+        need_write(who)
         await catalog.dag(who, dag)  # 404 for no such DAG in the org
         await catalog.check_dag_writable(who, dag)
         done = await dispatcher.rollback(dag, org_slug=who.org_slug)
@@ -158,7 +170,7 @@ def people_data_router(
             canceled_task_ids=list(done.canceled_task_ids),
         )
 
-    @router.get("/dags/{dag}/jobs/{job}/explain", responses=_MISSING)
+    @router.get("/dags/{dag}/jobs/{job}/explain", responses=MISSING)
     async def explain(who: Who, dag: str, job: str) -> Explanation:
         """Why the job did or did not run (its live version, else the newest)."""
         await catalog.check_job(who, dag, job)
@@ -167,12 +179,12 @@ def people_data_router(
     @router.post(
         "/dags/{dag}/jobs/{job}/trigger",
         response_model=TriggerResponse,
-        responses=_WRITER | _MISSING,
+        responses=WRITER | MISSING,
     )
     async def trigger(who: Who, dag: str, job: str, body: TriggerIn) -> TriggerResponse:
         """Start the live manual source's task for ``key`` (writer; the same key,
         the same task)."""
-        _need_write(who)
+        need_write(who)
         job_id = await catalog.live_job(who, dag, job)
         try:
             run = await dispatcher.manual.create_task(job_id, body.key)
@@ -187,7 +199,7 @@ def people_data_router(
         """The datasets of the caller's org that the caller may see."""
         return [DatasetOut.of(d) for d in await catalog.datasets(who)]
 
-    @router.get("/datasets/{name}", response_model=DatasetVersionsOut, responses=_MISSING)
+    @router.get("/datasets/{name}", response_model=DatasetVersionsOut, responses=MISSING)
     async def get_dataset(who: Who, name: str) -> DatasetVersionsOut:
         """A dataset with its versions (newest first) and their coverage."""
         return DatasetVersionsOut.detail(await catalog.dataset(who, name))
@@ -204,12 +216,12 @@ def people_data_router(
         found = await catalog.tasks(who, dag=dag, job=job, status=status, limit=limit)
         return [TaskOut.of(task, of_job) for task, of_job in found]
 
-    @router.get("/tasks/{task_id}", response_model=TaskDetailOut, responses=_MISSING)
+    @router.get("/tasks/{task_id}", response_model=TaskDetailOut, responses=MISSING)
     async def get_task(who: Who, task_id: uuid.UUID) -> TaskDetailOut:
         """A task with its attempts, their results and errors."""
         return TaskDetailOut.detail(await catalog.task(who, task_id))
 
-    @router.get("/lineage", response_model=LineageOut, responses=_MISSING)
+    @router.get("/lineage", response_model=LineageOut, responses=MISSING)
     async def lineage(
         who: Who,
         dataset: Annotated[Name, Query()],
@@ -249,7 +261,7 @@ def _query_routes(router: APIRouter, catalog: PeopleCatalog, service: QueryServi
             columns=list(result.columns), rows=result.rows, truncated=result.truncated
         )
 
-    @router.get("/datasets/{name}/rows", response_model=QueryResponse, responses=_MISSING)
+    @router.get("/datasets/{name}/rows", response_model=QueryResponse, responses=MISSING)
     async def rows(
         who: Who,
         name: str,
@@ -262,7 +274,7 @@ def _query_routes(router: APIRouter, catalog: PeopleCatalog, service: QueryServi
         # One fixed view name: any dataset name is read, whatever its characters.
         return await run(who, {"dataset": item}, "SELECT * FROM dataset", limit, response)
 
-    @router.post("/query", response_model=QueryResponse, responses=_MISSING)
+    @router.post("/query", response_model=QueryResponse, responses=MISSING)
     async def query(
         who: Who, body: PersonQuery, response: Response
     ) -> QueryResponse | JSONResponse:

@@ -12,6 +12,7 @@ from trace_core.api.fields import Name, Request, check_text
 from trace_core.api.query import DEFAULT_QUERY_LIMIT, MAX_QUERY_LIMIT, MAX_SQL_LENGTH
 from trace_core.api.task_attempts import AttemptView
 from trace_core.dag.coverage import Coverage
+from trace_core.dispatcher.manual_pause import PauseChange
 from trace_core.people.catalog import DagDetail, DatasetDetail, TaskDetail
 from trace_core.storage.ports import LineageRow
 from trace_core.storage.ports.catalog import (
@@ -31,9 +32,12 @@ __all__ = [
     "DatasetVersionsOut",
     "DeployIn",
     "DeployOut",
+    "JobPauseOut",
     "LineageEdgeOut",
     "LineageOut",
+    "PauseOut",
     "PersonQuery",
+    "RematerializeOut",
     "RollbackOut",
     "TaskDetailOut",
     "TaskOut",
@@ -263,6 +267,44 @@ class TriggerIn(Request):
     """``POST /v1/dags/{dag}/jobs/{job}/trigger``: start the manual source's task for ``key``."""
 
     key: Name
+
+
+class JobPauseOut(BaseModel):
+    """One live job's pause state after a manual pause or resume."""
+
+    job_id: uuid.UUID
+    paused: bool
+    reason: str | None
+    """``manual by <who>`` for a manual pause, the monitor's words for backpressure."""
+    changed: bool
+    """Whether this request changed it (a resume leaves a backpressure pause)."""
+
+
+class PauseOut(BaseModel):
+    """``POST /v1/dags/{dag}/jobs/{job}/pause`` or ``/resume``: every live
+    version's job of that name (current, and building during a rebuild)."""
+
+    dag_name: str
+    job_name: str
+    jobs: list[JobPauseOut]
+
+    @classmethod
+    def of(cls, dag: str, job: str, changes: list[PauseChange]) -> PauseOut:
+        """The answer for ``changes`` of the live jobs ``dag/job``."""
+        return cls(
+            dag_name=dag,
+            job_name=job,
+            jobs=[
+                JobPauseOut(job_id=c.job_id, paused=c.paused, reason=c.reason, changed=c.changed)
+                for c in changes
+            ],
+        )
+
+
+class RematerializeOut(DeployOut):
+    """``POST /v1/datasets/{name}/rematerialize``: the deploy that rebuilds it."""
+
+    dataset: str
 
 
 class PersonQuery(Request):

@@ -18,8 +18,8 @@ time; the count of the others is reported so it can be journaled. A daily
 job that was down for a week runs once, not seven times: a storm of
 catch-up runs would compete with the live work it is meant to feed.
 
-A fire that falls due while the job is paused by backpressure is skipped,
-not deferred, and journaled ("paused by backpressure"). A draining scheduler
+A fire that falls due while the job is paused is skipped, not deferred, and
+journaled ("paused by backpressure", or "paused by hand" for a manual pause). A draining scheduler
 fires nothing (the next Dispatcher fires what is due, once). Jobs that are no
 longer live have their schedule cleared.
 """
@@ -36,6 +36,7 @@ from cronsim import CronSim, CronSimError
 
 from trace_core.clock import Clock
 from trace_core.dispatcher.job_states import RaceLost
+from trace_core.dispatcher.manual_pause import MANUAL_PREFIX
 from trace_core.dispatcher.periodic import DispatcherService, Handicap, require_positive
 from trace_core.dispatcher.source_runs import (
     SourceJob,
@@ -258,7 +259,8 @@ class CronScheduler(DispatcherService):
                 await t.journal.append(
                     job.job_id,
                     "cron_skipped",
-                    f"cron fire at {fire} skipped: paused by backpressure"
+                    f"cron fire at {fire} skipped: paused by "
+                    + ("hand" if (reason or "").startswith(MANUAL_PREFIX) else "backpressure")
                     + (f" ({reason})" if reason else "")
                     + missed,
                     now=now,

@@ -10,7 +10,7 @@ dispatcher.md: "Expose manual source API (emits events)". Two ways in:
   ``source.kind: manual`` job with dedupe key ``manual:{key}``: repeating a
   trigger with the same key returns the same task and creates nothing.
 
-A job paused by backpressure refuses new manual tasks (the refusal is
+A paused job (by backpressure or by hand) refuses new manual tasks (the refusal is
 journaled); events are accepted either way, the router holds them.
 """
 
@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from trace_core.authoring.events import AcceptResult, DatasetEvent
 from trace_core.clock import Clock
 from trace_core.dispatcher.events import EventGateway
+from trace_core.dispatcher.manual_pause import MANUAL_PREFIX
 from trace_core.dispatcher.periodic import service_clock
 from trace_core.dispatcher.source_runs import SourceJob, create_source_task, live_source_jobs
 from trace_core.errors import ConfigurationError, NotFound
@@ -44,7 +45,7 @@ class ManualRun:
     created: bool
     """False for a repeated key (or a refusal)."""
     refused: str | None = None
-    """Why no task was created (the job is paused by backpressure)."""
+    """Why no task was created (the job is paused, and why)."""
 
 
 class ManualTrigger:
@@ -67,11 +68,14 @@ class ManualTrigger:
         """Accept ``events`` as manual events (no producer task) and route them."""
         return await self.gateway.accept(events, producer=None)
 
-    async def create_task(self, job: str | uuid.UUID, key: str) -> ManualRun:
+    async def create_task(
+        self, job: str | uuid.UUID, key: str, *, org_id: uuid.UUID | None = None
+    ) -> ManualRun:
         """Create the task of manual source ``job`` for ``key`` (idempotent per key).
 
         ``job`` is a job id, a job name, or ``dag_name/job_name`` when the name
-        alone is ambiguous. Raises :class:`NotFound` for no such live job and
+        alone is ambiguous; with ``org_id`` only that org's jobs are looked at
+        (another org's job reads as missing). Raises :class:`NotFound` for no such live job and
         :class:`ConfigurationError` for a job that is not a manual source or a
         blank or over-long key.
         """
@@ -81,10 +85,12 @@ class ManualTrigger:
             )
         now = self.clock.now()
         async with self.repo.transaction() as t:
-            target = _resolve(await live_source_jobs(t), job)
-            paused, _ = await t.job_states.pause_state(target.job_id)
+            jobs = await live_source_jobs(t)
+            target = _resolve([j for j in jobs if org_id in (None, j.org_id)], job)
+            paused, why = await t.job_states.pause_state(target.job_id)
             if paused:
-                reason = "paused by backpressure"
+                manual = why is not None and why.startswith(MANUAL_PREFIX)
+                reason = f"paused by hand ({why})" if manual else "paused by backpressure"
                 await t.journal.append(
                     target.job_id,
                     "manual_refused",

@@ -39,6 +39,7 @@ from trace_core.dispatcher.inprocess import InProcessLambdaInvoker, InProcessWak
 from trace_core.dispatcher.launcher import TaskLauncher
 from trace_core.dispatcher.live_watch import LiveJobsWatcher
 from trace_core.dispatcher.manual import ManualTrigger
+from trace_core.dispatcher.manual_pause import ManualPause
 from trace_core.dispatcher.metrics import render_metrics
 from trace_core.dispatcher.operator_state import OperatorStateStore
 from trace_core.dispatcher.promoter import PromoterConfig, VersionPromoter
@@ -156,6 +157,7 @@ class Dispatcher:
         self.promoter = VersionPromoter(repo, clock=clock_, config=cfg.promoter)
         self.live_watch = LiveJobsWatcher(repo, self._live_jobs_changed)
         self.manual = ManualTrigger(repo, clock=clock_, tasks=self.tasks, gateway=self.gateway)
+        self.pauses = ManualPause(repo, clock=clock_)
         self.state = OperatorStateStore(repo, clock=clock_)
 
     # --- deploy and inspect ---------------------------------------------------

@@ -210,6 +210,11 @@ class PeopleCatalog:
 
     async def live_job(self, caller: Caller, dag: str, job: str) -> uuid.UUID:
         """The id of the live (current, else building) job ``dag/job``, if visible."""
+        return (await self.live_jobs(caller, dag, job))[0]
+
+    async def live_jobs(self, caller: Caller, dag: str, job: str) -> list[uuid.UUID]:
+        """The ids of every live job ``dag/job`` (current first, then building),
+        if visible; :class:`~trace_core.errors.NotFound` when there is none."""
         async with self._repo.read() as tx:
             found = await self._jobs_named(tx, caller, dag, job)
         live = sorted(
@@ -218,7 +223,19 @@ class PeopleCatalog:
         )
         if not live:
             raise missing_job(dag, job, caller.org_slug)
-        return live[0].job_id
+        return [j.job_id for j in live]
+
+    async def producer_yaml(self, caller: Caller, name: str) -> tuple[str, str]:
+        """The producer DAG of the visible dataset ``name`` and the YAML of its
+        newest live version (what a rematerialization rewrites); the DAG must be
+        one the caller may deploy (:meth:`check_dag_writable`)."""
+        async with self._repo.read() as tx:
+            found = (await visible_to(tx, caller)).named(name)
+            text = await tx.catalog.live_dag_yaml(caller.org_id, found.producer_dag_name)
+        if text is None:
+            raise NotFound(f"dataset {name!r} has no live producer to rebuild it")
+        await self.check_dag_writable(caller, found.producer_dag_name)
+        return found.producer_dag_name, text
 
     async def lineage(
         self,

@@ -89,6 +89,20 @@ class SqlCatalogOps(SqlArea):
         rows = await self._rows("catalog dags", stmt)
         return [CatalogDag(str(r[0]), r[1], int(r[2]), r[3]) for r in rows]
 
+    async def live_dag_yaml(self, org_id: uuid.UUID, dag_name: str) -> str | None:
+        stmt = (
+            sa.select(_V.c.yaml_text)
+            .where(
+                _V.c.org_id == org_id,
+                _V.c.dag_name == dag_name,
+                _V.c.status.in_(["building", "current"]),
+            )
+            .order_by(_V.c.created_at.desc(), _V.c.id.desc())
+            .limit(1)
+        )
+        rows = await self._rows("live dag yaml", stmt)
+        return None if not rows or rows[0][0] is None else str(rows[0][0])
+
     async def dag_versions(self, org_id: uuid.UUID, dag_name: str) -> list[CatalogDagVersion]:
         stmt = (
             sa.select(

@@ -125,6 +125,11 @@ class CatalogOps(Protocol):
         """The org's DAG's versions, newest first (ties by id); empty for no such DAG."""
         ...
 
+    async def live_dag_yaml(self, org_id: uuid.UUID, dag_name: str) -> str | None:
+        """The YAML text of the org's DAG's newest live version (``building``,
+        else ``current``), as deployed; None for no such DAG or none live."""
+        ...
+
     async def datasets(self, org_id: uuid.UUID) -> list[CatalogDataset]:
         """The org's datasets, by name."""
         ...
