@@ -309,7 +309,7 @@ class SqlTransaction:
         opens_in_claim = records and self.engine_name == "postgres"
         if opens_in_claim:
             assert isinstance(stmt, sa.Update)
-            stmt = claim_opening_attempts(stmt)
+            stmt = _opening(stmt)
         with translate_errors(f"claim {queue.name}"):
             rows = await self._fetch(stmt, params)
         if opens_in_claim:
@@ -822,6 +822,14 @@ def _completing_many(complete_many: sa.Update) -> sa.Select[Any]:
     """Postgres: the cached batch completion of tasks closing their attempts
     (built once per cached statement, so the direct pool compiles it once)."""
     return finish_closing_attempts(complete_many)
+
+
+@functools.cache
+def _opening(claim: sa.Update) -> sa.Select[Any]:
+    """Postgres: the cached tasks claim opening its attempts (built once per
+    cached claim: built per call, it was compiled per call on the direct path
+    and pushed the other statements out of its compiled cache)."""
+    return claim_opening_attempts(claim)
 
 
 @functools.cache
