@@ -9,8 +9,11 @@ on ``runtime: ecs_udf`` for ``v1``, whose worker stream is ``trace-ecs-udf``;
 nothing runs either in-process); ``trace-lite serve`` starts in a subprocess
 on a free loopback port; ``--tasks`` tasks are created through
 ``POST /internal/trigger`` (not timed); then ``--workers`` worker OS
-processes, each with its own ``httpx.AsyncClient`` (one keep-alive
-connection) and one request in flight, run their share of the triples. The
+processes, each with its own client (one keep-alive connection:
+``httpx.AsyncClient``, what ``trace_core.worker`` uses, or with ``--client
+raw`` the minimal one of ``benchmarks/_raw_http.py``, which spends a fraction
+of httpx's CPU so that the server, not the clients, is what saturates the
+machine) and one request in flight, run their share of the triples. The
 clock runs from a shared start signal to the last completion. The three
 worker paths (``--path``, ``all`` runs each in turn within every run):
 
@@ -61,6 +64,7 @@ from benchmarks._common import (
     server_cpu_s,
     summarize,
 )
+from trace_core.api.capability import CAPABILITY_HEADER
 
 __all__ = ["main"]
 
@@ -114,6 +118,12 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         choices=(*PATHS, "all"),
         default="internal",
         help="the worker routes driven (module docstring); all: each in turn per run",
+    )
+    p.add_argument(
+        "--client",
+        choices=("httpx", "raw"),
+        default="httpx",
+        help="the workers' HTTP client (module docstring)",
     )
     p.add_argument("-v", "--verbose", action="store_true")
     args = p.parse_args(argv)
@@ -224,8 +234,6 @@ async def _internal_triple(client: Any, task_id: str, worker_id: str) -> None:
 
 
 async def _task_triple(client: Any, task_id: str, worker_id: str) -> None:
-    from trace_core.api.capability import CAPABILITY_HEADER
-
     claim = await client.post(
         "/internal/task-claim", json={"task_id": task_id, "worker_id": worker_id}
     )
@@ -268,14 +276,23 @@ async def _v1_triple(client: Any, _task_id: str, worker_id: str) -> None:
 _TRIPLES = {"internal": _internal_triple, "task": _task_triple, "v1": _v1_triple}
 
 
-async def _work(base: str, path: str, task_ids: list[str], worker_id: str) -> list[float]:
+async def _work(
+    base: str, path: str, client_kind: str, task_ids: list[str], worker_id: str
+) -> list[float]:
     """claim -> heartbeat -> complete on ``path`` once per id (``v1`` claims
     whichever task the stream gives); the seconds of each triple."""
     import httpx
 
+    from benchmarks._raw_http import RawClient
+
     triple = _TRIPLES[path]
     timings: list[float] = []
-    async with httpx.AsyncClient(base_url=base, headers=AUTH, timeout=60) as client:
+    connection: Any = (
+        RawClient(base, headers=AUTH)
+        if client_kind == "raw"
+        else httpx.AsyncClient(base_url=base, headers=AUTH, timeout=60)
+    )
+    async with connection as client:
         for task_id in task_ids:
             began = time.perf_counter()
             await triple(client, task_id, worker_id)
@@ -284,14 +301,14 @@ async def _work(base: str, path: str, task_ids: list[str], worker_id: str) -> li
 
 
 def _worker_process(
-    base: str, path: str, task_ids: list[str], index: int, start: Any, results: Any
+    base: str, path: str, client: str, task_ids: list[str], index: int, start: Any, results: Any
 ) -> None:
     """A worker OS process: wait for the start signal, run its share, report
     timings and the CPU seconds the share took."""
     start.wait()
     cpu = time.process_time()
     try:
-        timings = asyncio.run(_work(base, path, task_ids, f"bench-{index}"))
+        timings = asyncio.run(_work(base, path, client, task_ids, f"bench-{index}"))
         results.put((index, timings, time.process_time() - cpu, None))
     except Exception as exc:  # reported to the parent, which fails the run
         results.put((index, [], 0.0, repr(exc)))
@@ -311,7 +328,10 @@ def _run(
         results = context.Queue()
         shares = [ids[i :: args.workers] for i in range(args.workers)]
         workers = [
-            context.Process(target=_worker_process, args=(base, path, share, i, start, results))
+            context.Process(
+                target=_worker_process,
+                args=(base, path, args.client, share, i, start, results),
+            )
             for i, share in enumerate(shares)
         ]
         for worker in workers:
@@ -347,6 +367,7 @@ def _run(
         "bench": "api",
         "engine": args.engine,
         "path": path,
+        "client": args.client,
         "run": run,
         "workers": args.workers,
         "tasks": args.tasks,
@@ -382,6 +403,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "bench": "api",
                 "engine": args.engine,
                 "path": path,
+                "client": args.client,
                 "summary": True,
                 "runs": args.runs,
                 "workers": args.workers,

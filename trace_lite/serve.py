@@ -194,7 +194,18 @@ def serve(config: ServeConfig, token: str) -> None:
 
     people_ring = open_people_keys(config.data_dir, clock)
     minter_key = read_minter_key(config.data_dir)
-    anyio.run(_serve, config, token, operators, ring, minter_key, people_ring)
+    from trace_core.api.serving import event_loop_options
+
+    anyio.run(
+        _serve,
+        config,
+        token,
+        operators,
+        ring,
+        minter_key,
+        people_ring,
+        backend_options=event_loop_options(),
+    )
 
 
 async def _serve(
