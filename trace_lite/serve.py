@@ -34,8 +34,9 @@ of the caller's token, in the object store under ``<data dir>/objects``
 
 Serving: the state-database pool keeps enough connections for concurrent
 requests beside the Dispatcher's services (an overflow connection is opened
-and closed per use, a new Postgres backend each time), and uvicorn's access
-log (a line per request) is on only at ``--log-level debug``.
+and closed per use, a new Postgres backend each time), uvicorn's access
+log (a line per request) is on only at ``--log-level debug``, and the event
+loop is uvloop's when it is installed (the ``http`` extra).
 """
 
 from __future__ import annotations
