@@ -1,23 +1,38 @@
 """HTTP API benchmark: claim -> heartbeat -> complete round trips through ``trace-lite serve``.
 
     python -m benchmarks.api --engine postgres --workers 4 --tasks 2000 --runs 3
+    python -m benchmarks.api --engine postgres --path all --runs 3
 
-Per run: a fresh migrated database gets a one-job DAG (a manual source on
-``runtime: ecs_platform``, so nothing runs it in-process); ``trace-lite serve``
-starts in a subprocess on a free loopback port; ``--tasks`` tasks are created
-through ``POST /internal/trigger`` (not timed); then ``--workers`` worker OS
-processes, each with its own ``httpx.AsyncClient`` and one request in flight,
-take their share of the task ids and loop ``POST /internal/task-claim`` (by
-id) -> ``POST /internal/heartbeat`` -> ``POST /internal/task-complete``. The
-clock runs from a shared start signal to the last completion.
+Per run and path: a fresh migrated database gets a one-job DAG (a manual
+source on ``runtime: ecs_platform`` for the ``internal`` and ``task`` paths,
+on ``runtime: ecs_udf`` for ``v1``, whose worker stream is ``trace-ecs-udf``;
+nothing runs either in-process); ``trace-lite serve`` starts in a subprocess
+on a free loopback port; ``--tasks`` tasks are created through
+``POST /internal/trigger`` (not timed); then ``--workers`` worker OS
+processes, each with its own client (one keep-alive connection:
+``httpx.AsyncClient``, what ``trace_core.worker`` uses, or with ``--client
+raw`` the minimal one of ``benchmarks/_raw_http.py``, which spends a fraction
+of httpx's CPU so that the server, not the clients, is what saturates the
+machine) and one request in flight, run their share of the triples. The
+clock runs from a shared start signal to the last completion. The three
+worker paths (``--path``, ``all`` runs each in turn within every run):
 
-One JSON object per run on stdout (``bench, engine, workers, tasks, seconds,
-round_trips_per_s`` = triples per second, ``p50_ms``/``p99_ms`` per triple,
-``server_cpu_ms_per_triple`` = CPU of the ``serve`` process over the timed
-part divided by the triples, ``postgres_cpu_ms_per_triple`` likewise for a
-local Postgres server, and the 1-minute ``load_average`` before the run),
-then a summary with medians when ``--runs`` > 1; logs go to stderr. Without
-``--db`` Postgres runs on a throwaway cluster, SQLite on temporary files.
+- ``internal``: ``POST /internal/task-claim`` (by id) ->
+  ``/internal/heartbeat`` -> ``/internal/task-complete`` (the internal token);
+- ``task``: the same claim, then ``/v1/task/heartbeat`` ->
+  ``/v1/task/complete`` with the claim's capability token (verified per call);
+- ``v1``: ``POST /internal/worker/claim`` (the next job of the stream) ->
+  ``/internal/worker/heartbeat`` -> ``/internal/worker/complete``.
+
+One JSON object per run and path on stdout (``bench, engine, path, workers,
+tasks, seconds, round_trips_per_s`` = triples per second, ``p50_ms``/``p99_ms``
+per triple, ``server_cpu_ms_per_triple`` = CPU of the ``serve`` process over
+the timed part divided by the triples, ``postgres_cpu_ms_per_triple``
+likewise for a local Postgres server, ``client_cpu_ms_per_triple`` for the
+worker processes, and the 1-minute ``load_average`` before the run), then a
+summary per path with medians when ``--runs`` > 1; logs go to stderr.
+Without ``--db`` Postgres runs on a throwaway cluster, SQLite on temporary
+files.
 """
 
 from __future__ import annotations
@@ -49,6 +64,7 @@ from benchmarks._common import (
     server_cpu_s,
     summarize,
 )
+from trace_core.api.capability import CAPABILITY_HEADER
 
 __all__ = ["main"]
 
@@ -62,7 +78,10 @@ _KEYS = (
     "p99_ms",
     "server_cpu_ms_per_triple",
     "postgres_cpu_ms_per_triple",
+    "client_cpu_ms_per_triple",
 )
+PATHS = ("internal", "task", "v1")
+STREAM = "trace-ecs-udf"
 DAG = """
 dag: bench
 jobs:
@@ -74,6 +93,9 @@ jobs:
     heartbeat_timeout_seconds: 60
     outputs: [ { dataset: benched } ]
 """
+
+
+V1_DAG = DAG.replace("runtime: ecs_platform", "runtime: ecs_udf")
 
 
 def OPERATORS_FACTORY() -> Any:
@@ -91,6 +113,18 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--workers", type=int, default=4, help="worker OS processes")
     p.add_argument("--tasks", type=int, default=2000, help="tasks per run")
     p.add_argument("--runs", type=int, default=3, help="runs; the summary has medians")
+    p.add_argument(
+        "--path",
+        choices=(*PATHS, "all"),
+        default="internal",
+        help="the worker routes driven (module docstring); all: each in turn per run",
+    )
+    p.add_argument(
+        "--client",
+        choices=("httpx", "raw"),
+        default="httpx",
+        help="the workers' HTTP client (module docstring)",
+    )
     p.add_argument("-v", "--verbose", action="store_true")
     args = p.parse_args(argv)
     for name in ("workers", "tasks", "runs"):
@@ -106,7 +140,7 @@ def _free_port() -> int:
         return port
 
 
-async def _deploy(url: str) -> None:
+async def _deploy(url: str, path: str) -> None:
     from trace_core.dag import parse_dag
     from trace_core.dispatcher.service import Dispatcher
     from trace_core.storage.sql import SqlRepository
@@ -115,7 +149,7 @@ async def _deploy(url: str) -> None:
     repo = SqlRepository(url)
     try:
         await Dispatcher(repo, operators=operators).deploy(
-            parse_dag(DAG, operators=operators.names())
+            parse_dag(V1_DAG if path == "v1" else DAG, operators=operators.names())
         )
     finally:
         await repo.close()
@@ -182,49 +216,111 @@ async def _create_tasks(base: str, count: int) -> list[str]:
     return ids
 
 
-async def _work(base: str, task_ids: list[str], worker_id: str) -> list[float]:
-    """claim -> heartbeat -> complete for each id; the seconds of each triple."""
+async def _internal_triple(client: Any, task_id: str, worker_id: str) -> None:
+    claim = await client.post(
+        "/internal/task-claim", json={"task_id": task_id, "worker_id": worker_id}
+    )
+    body = claim.json()
+    if body.get("status") != "Claimed":
+        raise RuntimeError(f"task {task_id} not claimed: {body}")
+    fence = {"task_id": task_id, "attempt": body["attempt"], "lease_token": body["lease_token"]}
+    beat = await client.post("/internal/heartbeat", json=fence)
+    beat.raise_for_status()
+    done = await client.post(
+        "/internal/task-complete",
+        json={**fence, "status": "Completed", "events": [], "error_message": None},
+    )
+    done.raise_for_status()
+
+
+async def _task_triple(client: Any, task_id: str, worker_id: str) -> None:
+    claim = await client.post(
+        "/internal/task-claim", json={"task_id": task_id, "worker_id": worker_id}
+    )
+    body = claim.json()
+    if body.get("status") != "Claimed":
+        raise RuntimeError(f"task {task_id} not claimed: {body}")
+    # The task-scoped routes are authorized by the capability token alone (the
+    # client's internal token is ignored there).
+    headers = {CAPABILITY_HEADER: body["task"]["capability_token"]}
+    fence = {"task_id": task_id, "attempt": body["attempt"], "lease_token": body["lease_token"]}
+    beat = await client.post("/v1/task/heartbeat", json=fence, headers=headers)
+    beat.raise_for_status()
+    done = await client.post(
+        "/v1/task/complete", json={**fence, "status": "Completed"}, headers=headers
+    )
+    done.raise_for_status()
+
+
+async def _v1_triple(client: Any, _task_id: str, worker_id: str) -> None:
+    claim = await client.post(
+        "/internal/worker/claim",
+        json={"worker_id": worker_id, "streams": [STREAM], "max_wait_ms": 5000},
+    )
+    body = claim.json()
+    if body.get("claimed") is not True:
+        raise RuntimeError(f"nothing claimed from {STREAM}: {body}")
+    held = {
+        "worker_id": worker_id,
+        "job_id": body["job_id"],
+        "attempt_id": body["attempt_id"],
+        "lease_token": body["lease_token"],
+    }
+    beat = await client.post("/internal/worker/heartbeat", json=held)
+    beat.raise_for_status()
+    report = {**held, "stream": body["stream"], "message_id": body["message_id"], "result": {}}
+    done = await client.post("/internal/worker/complete", json=report)
+    done.raise_for_status()
+
+
+_TRIPLES = {"internal": _internal_triple, "task": _task_triple, "v1": _v1_triple}
+
+
+async def _work(
+    base: str, path: str, client_kind: str, task_ids: list[str], worker_id: str
+) -> list[float]:
+    """claim -> heartbeat -> complete on ``path`` once per id (``v1`` claims
+    whichever task the stream gives); the seconds of each triple."""
     import httpx
 
+    from benchmarks._raw_http import RawClient
+
+    triple = _TRIPLES[path]
     timings: list[float] = []
-    async with httpx.AsyncClient(base_url=base, headers=AUTH, timeout=60) as client:
+    connection: Any = (
+        RawClient(base, headers=AUTH)
+        if client_kind == "raw"
+        else httpx.AsyncClient(base_url=base, headers=AUTH, timeout=60)
+    )
+    async with connection as client:
         for task_id in task_ids:
             began = time.perf_counter()
-            claim = await client.post(
-                "/internal/task-claim", json={"task_id": task_id, "worker_id": worker_id}
-            )
-            body = claim.json()
-            if body.get("status") != "Claimed":
-                raise RuntimeError(f"task {task_id} not claimed: {body}")
-            fence = {
-                "task_id": task_id,
-                "attempt": body["attempt"],
-                "lease_token": body["lease_token"],
-            }
-            beat = await client.post("/internal/heartbeat", json=fence)
-            beat.raise_for_status()
-            done = await client.post(
-                "/internal/task-complete",
-                json={**fence, "status": "Completed", "events": [], "error_message": None},
-            )
-            done.raise_for_status()
+            await triple(client, task_id, worker_id)
             timings.append(time.perf_counter() - began)
     return timings
 
 
-def _worker_process(base: str, task_ids: list[str], index: int, start: Any, results: Any) -> None:
-    """A worker OS process: wait for the start signal, run its share, report timings."""
+def _worker_process(
+    base: str, path: str, client: str, task_ids: list[str], index: int, start: Any, results: Any
+) -> None:
+    """A worker OS process: wait for the start signal, run its share, report
+    timings and the CPU seconds the share took."""
     start.wait()
+    cpu = time.process_time()
     try:
-        results.put((index, asyncio.run(_work(base, task_ids, f"bench-{index}")), None))
+        timings = asyncio.run(_work(base, path, client, task_ids, f"bench-{index}"))
+        results.put((index, timings, time.process_time() - cpu, None))
     except Exception as exc:  # reported to the parent, which fails the run
-        results.put((index, [], repr(exc)))
+        results.put((index, [], 0.0, repr(exc)))
 
 
-def _run(args: argparse.Namespace, dbs: Databases, run: int, scratch: Path) -> dict[str, Any]:
-    url = dbs.fresh(f"api{run}")
-    anyio.run(_deploy, url)
-    server, base = _start_server(url, scratch / f"data{run}", scratch / f"serve{run}.log")
+def _run(
+    args: argparse.Namespace, dbs: Databases, run: int, path: str, scratch: Path
+) -> dict[str, Any]:
+    url = dbs.fresh(f"api{run}{path}")
+    anyio.run(_deploy, url, path)
+    name = f"{path}{run}"
+    server, base = _start_server(url, scratch / f"data{name}", scratch / f"serve{name}.log")
     try:
         ids = anyio.run(_create_tasks, base, args.tasks)
         context = mp.get_context("spawn")
@@ -232,7 +328,10 @@ def _run(args: argparse.Namespace, dbs: Databases, run: int, scratch: Path) -> d
         results = context.Queue()
         shares = [ids[i :: args.workers] for i in range(args.workers)]
         workers = [
-            context.Process(target=_worker_process, args=(base, share, i, start, results))
+            context.Process(
+                target=_worker_process,
+                args=(base, path, args.client, share, i, start, results),
+            )
             for i, share in enumerate(shares)
         ]
         for worker in workers:
@@ -245,9 +344,11 @@ def _run(args: argparse.Namespace, dbs: Databases, run: int, scratch: Path) -> d
         start.set()
         timings: list[float] = []
         errors: list[str] = []
+        client_cpu = 0.0
         for _ in workers:
-            _, got, error = results.get(timeout=600)
+            _, got, cpu, error = results.get(timeout=600)
             timings += got
+            client_cpu += cpu
             if error:
                 errors.append(error)
         seconds = time.perf_counter() - began
@@ -265,6 +366,8 @@ def _run(args: argparse.Namespace, dbs: Databases, run: int, scratch: Path) -> d
     row = {
         "bench": "api",
         "engine": args.engine,
+        "path": path,
+        "client": args.client,
         "run": run,
         "workers": args.workers,
         "tasks": args.tasks,
@@ -276,6 +379,7 @@ def _run(args: argparse.Namespace, dbs: Databases, run: int, scratch: Path) -> d
         "postgres_cpu_ms_per_triple": (
             None if pg_cpu is None else round(pg_cpu * 1000 / max(len(timings), 1), 2)
         ),
+        "client_cpu_ms_per_triple": round(client_cpu * 1000 / max(len(timings), 1), 2),
         "load_average": load,
         "verified": statuses == {"Completed": args.tasks},
     }
@@ -288,19 +392,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parse(argv)
     configure_logging(args.verbose, "httpx")
     with Databases(args.engine, args.db) as dbs, tempfile.TemporaryDirectory() as scratch:
-        rows = [_run(args, dbs, run, Path(scratch)) for run in range(args.runs)]
-    if args.runs > 1:
+        paths = PATHS if args.path == "all" else (args.path,)
+        rows = [
+            _run(args, dbs, run, path, Path(scratch)) for run in range(args.runs) for path in paths
+        ]
+    for path in paths if args.runs > 1 else ():
+        mine = [r for r in rows if r["path"] == path]
         emit(
             {
                 "bench": "api",
                 "engine": args.engine,
+                "path": path,
+                "client": args.client,
                 "summary": True,
                 "runs": args.runs,
                 "workers": args.workers,
                 "tasks": args.tasks,
-                "all_verified": all(r["verified"] for r in rows),
-                "round_trips_per_s_all": [r["round_trips_per_s"] for r in rows],
-                **summarize(rows, _KEYS),
+                "all_verified": all(r["verified"] for r in mine),
+                "round_trips_per_s_all": [r["round_trips_per_s"] for r in mine],
+                "load_average_all": [r["load_average"] for r in mine],
+                **summarize(mine, _KEYS),
             }
         )
     log.info("done")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import uuid
+
 import anyio
 import pytest
 
@@ -31,3 +33,16 @@ async def test_per_statement_reads_let_a_writer_in_and_see_its_commit(
             assert await reads.job_states.pause_state(job_id) == (True, "ops")
     async with per_statement_reads(repo) as reads:
         assert await reads.job_states.pause_state(job_id) == (True, "ops")
+
+
+async def test_a_claims_reads_take_no_pooled_connection_on_postgres(repo: SqlRepository) -> None:
+    # The reads of every claim (the task with its job, the version pointers,
+    # the coverage) are fixed statements: on Postgres they run on the direct
+    # path, never through a pooled SQLAlchemy connection.
+    unknown = [uuid.uuid4(), uuid.uuid4()]
+    async with per_statement_reads(repo) as reads:
+        assert await reads.payload.task_rows(unknown) == []
+        assert await reads.payload.version_pointers(unknown) == []
+        assert await reads.registry.dataset_version_progress(unknown) == {}
+        if repo.engine_name == "postgres":
+            assert repo.engine.pool.checkedout() == 0

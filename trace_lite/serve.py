@@ -34,8 +34,9 @@ of the caller's token, in the object store under ``<data dir>/objects``
 
 Serving: the state-database pool keeps enough connections for concurrent
 requests beside the Dispatcher's services (an overflow connection is opened
-and closed per use, a new Postgres backend each time), and uvicorn's access
-log (a line per request) is on only at ``--log-level debug``.
+and closed per use, a new Postgres backend each time), uvicorn's access
+log (a line per request) is on only at ``--log-level debug``, and the event
+loop is uvloop's when it is installed (the ``http`` extra).
 """
 
 from __future__ import annotations
@@ -194,7 +195,18 @@ def serve(config: ServeConfig, token: str) -> None:
 
     people_ring = open_people_keys(config.data_dir, clock)
     minter_key = read_minter_key(config.data_dir)
-    anyio.run(_serve, config, token, operators, ring, minter_key, people_ring)
+    from trace_core.api.serving import event_loop_options
+
+    anyio.run(
+        _serve,
+        config,
+        token,
+        operators,
+        ring,
+        minter_key,
+        people_ring,
+        backend_options=event_loop_options(),
+    )
 
 
 async def _serve(

@@ -21,7 +21,23 @@ from trace_core.dispatcher.periodic import PeriodicService
 from trace_core.dispatcher.service import Dispatcher
 from trace_core.errors import TraceError
 
-__all__ = ["serve_dispatcher"]
+__all__ = ["event_loop_options", "serve_dispatcher"]
+
+
+def event_loop_options() -> dict[str, Any]:
+    """``anyio.run`` backend options of a serving process: uvloop's event loop
+    when it is installed (the ``http`` extra), else asyncio's own.
+
+    A worker's request is a few short statements and a few socket writes, so
+    the event loop's own work (registering the driver's socket for each
+    statement's answer, the sends, the polling) is a large share of the
+    server's CPU per request; libuv does it in C.
+    """
+    try:
+        import uvloop  # noqa: F401
+    except ImportError:
+        return {}
+    return {"use_uvloop": True}
 
 
 async def serve_dispatcher(

@@ -27,6 +27,12 @@ attempt's token at once, without waiting for it to expire). Buffer-publish
 and credentials also need the attempt to be running (409 ``not_running``):
 a finished attempt publishes nothing and gets no credentials.
 
+Heartbeat and a ``Completed`` or ``Failed`` report read the task for that
+rule only when their fenced write is refused: a write that passes has proven
+more (the attempt is the latest and holds the lease), so the hot path is one
+statement, and a refused one answers ``superseded`` exactly as if the read
+had come first.
+
 Buffer-publish accepts only the task's own outputs stored as Postgres tables
 (403 ``not_an_output`` or ``not_buffered``); S3 outputs are written directly
 with the credentials. Which datasets a task outputs is read once per task
@@ -40,7 +46,8 @@ answered with ``Cache-Control: no-store``; they are never logged.
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 from fastapi import APIRouter, Response
 
@@ -71,6 +78,7 @@ from trace_core.security.minting import CredentialMinter
 __all__ = ["TASK_ERROR_RESPONSES", "check_current_attempt", "task_router"]
 
 _OUTPUTS_CACHE = 4096  # tasks
+T = TypeVar("T")
 
 
 def _doc(description: str, model: type[ErrorBody] = ErrorBody) -> dict[str, Any]:
@@ -135,6 +143,28 @@ def task_router(
     ) -> None:
         await check_current_attempt(dispatcher, claims, task_id, attempt, running=running)
 
+    async def fenced_first(
+        claims: CapabilityClaims,
+        task_id: uuid.UUID,
+        attempt: int,
+        write: Callable[[], Awaitable[T]],
+    ) -> T:
+        """``write()`` (a fenced write of ``attempt``) under :func:`check_current_attempt`'s
+        rule, with the read of that rule only when the write is refused.
+
+        The token is bound to the attempt first, as always. A fenced write that
+        succeeds proves more than the read would (the attempt is the task's
+        latest *and* holds the lease), so the read only decides what a refused
+        one answers: 401 ``superseded`` when a newer attempt exists, as if it
+        had run first, else the write's own error.
+        """
+        bind_capability(claims, task_id, attempt)
+        try:
+            return await write()
+        except Exception:
+            await check_current_attempt(dispatcher, claims, task_id, attempt)
+            raise
+
     async def outputs_of(task_id: uuid.UUID) -> dict[uuid.UUID, str | None]:
         found = outputs.get(task_id)
         if found is None:
@@ -152,16 +182,25 @@ def task_router(
     async def heartbeat(request: TaskHeartbeatRequest, claims: TaskCapability) -> HeartbeatResponse:
         """Extend the attempt's lease (as ``/internal/heartbeat``); the answer's
         ``capability_token`` renews the header's token once it is due."""
-        await current(claims, request.task_id, request.attempt)
-        return await heartbeat_task(dispatcher, request, claims=claims)
+        return await fenced_first(
+            claims,
+            request.task_id,
+            request.attempt,
+            lambda: heartbeat_task(dispatcher, request, claims=claims),
+        )
 
     @router.post("/complete")
     async def complete(
         request: TaskCompleteRequest, claims: TaskCapability
     ) -> TaskCompleteResponse:
         """Report the attempt's outcome (as ``/internal/task-complete``)."""
-        await current(claims, request.task_id, request.attempt)
-        return await report_task(dispatcher, request)
+        if request.status == "Canceled":
+            # No fenced write: acknowledging a cancel is a read, refused first.
+            await current(claims, request.task_id, request.attempt)
+            return await report_task(dispatcher, request)
+        return await fenced_first(
+            claims, request.task_id, request.attempt, lambda: report_task(dispatcher, request)
+        )
 
     @router.post("/events")
     async def events(request: EventsRequest, claims: TaskCapability) -> EventsResponse:

@@ -51,7 +51,6 @@ from trace_core.storage.sql_leasing import (
     ClaimGate,
     LeaseStatements,
     fence_storable,
-    finishable,
     status_in,
 )
 from trace_core.storage.sql_lineage import SqlLineageOps
@@ -316,7 +315,7 @@ class SqlTransaction:
         opens_in_claim = records and self.engine_name == "postgres"
         if opens_in_claim:
             assert isinstance(stmt, sa.Update)
-            stmt = claim_opening_attempts(stmt)
+            stmt = _opening(stmt)
         with translate_errors(f"claim {queue.name}"):
             rows = await self._fetch(stmt, params)
         if opens_in_claim:
@@ -375,44 +374,23 @@ class SqlTransaction:
     ) -> bool:
         if not fence_storable(fence):
             return False  # no row holds such a fence: stale
-        qt = self._stmts.table(queue)
-        c = qt.c
-        new: dict[Any, Any] = {c.status: target}
-        status = status_in(c.status, sources)
+        values = values or {}
+        # refund_attempt is a flag: it shapes the statement, it binds nothing.
+        keys = tuple(sorted(k for k, v in values.items() if k != "refund_attempt" or v))
+        stmt, bound = self._stmts.transition(queue, frozenset(sources), target, keys)
+        params = self._stmts.fence_params(fence) | {f"v_{k}": values[k] for k in bound}
         if target == queue.done:
-            # A late reply finishes only an attempt marked timed out.
-            status = finishable(qt, queue, sources)
-            new[qt.finished_at] = now
-            new[c.lease_expires_at] = None
-            if qt.retry_at.nullable:
-                new[qt.retry_at] = None  # a late reply supersedes a scheduled retry
-        elif target not in queue.leased:
-            new[c.lease_expires_at] = None
-        roles = {"error": qt.error, "ready_at": qt.ready_at}
-        for key, value in (values or {}).items():
-            if key == "refund_attempt":
-                # only where claims count attempts from 0 (queues with a gate)
-                if value and qt.ready_at is not None:
-                    new[qt.attempt] = qt.attempt - 1
-                continue
-            column = roles[key] if key in roles else c[key]
-            if column is not None:  # ready_at of a queue without an availability gate
-                new[column] = value
-        stmt = sa.update(qt.table).where(*self._stmts.fence(qt), status).values(new)
-        params = self._stmts.fence_params(fence)
+            params["now"] = now
         if queue.name != TASKS.name or target in queue.leased:
             with translate_errors(f"{queue.name} -> {target}"):
-                result = await self._execute(stmt, params)
-            return bool(result.rowcount)
+                return bool(await self._fetch(stmt, params))
         # The attempt ends: its record is closed with the task row.
         ending = closing_params(_ATTEMPT_END.get(target, "Failed"), now, None)
         with translate_errors(f"{queue.name} -> {target}"):
             if self.engine_name == "postgres":
-                closing = finish_closing_attempts(stmt.returning(c.id))
-                rows = (await self._execute(closing, params | ending)).all()
-                return bool(rows)
-            result = await self._execute(stmt, params)
-        if not result.rowcount:
+                return bool(await self._fetch(_closing(stmt), params | ending))
+            ended = bool(await self._fetch(stmt, params))
+        if not ended:
             return False
         await self.attempts.close(
             [(_uuid(fence.item_id), fence.attempt)],
@@ -850,6 +828,21 @@ def _completing_many(complete_many: sa.Update) -> sa.Select[Any]:
     """Postgres: the cached batch completion of tasks closing their attempts
     (built once per cached statement, so the direct pool compiles it once)."""
     return finish_closing_attempts(complete_many)
+
+
+@functools.cache
+def _opening(claim: sa.Update) -> sa.Select[Any]:
+    """Postgres: the cached tasks claim opening its attempts (built once per
+    cached claim: built per call, it was compiled per call on the direct path
+    and pushed the other statements out of its compiled cache)."""
+    return claim_opening_attempts(claim)
+
+
+@functools.cache
+def _closing(finish: sa.Update) -> sa.Select[Any]:
+    """Postgres: the cached fenced finish of a task closing its attempt (built
+    once per cached transition, so the direct pool compiles it once)."""
+    return finish_closing_attempts(finish)
 
 
 @functools.cache

@@ -257,6 +257,51 @@ class LeaseStatements:
         )
 
     @functools.cache  # noqa: B019
+    def transition(
+        self, queue: QueueSpec, sources: frozenset[str], target: str, keys: tuple[str, ...]
+    ) -> tuple[sa.Update, tuple[str, ...]]:
+        """A fenced status change from ``sources`` to ``target`` that also sets
+        the value columns named in ``keys``, returning the row's id; and the
+        keys whose values it binds (``v_<key>``).
+
+        Built once per shape, so that the statement is compiled once (and runs
+        on the direct path in a statement scope) instead of per call. Reaching
+        ``queue.done`` stamps ``finished_at`` with the ``now`` parameter,
+        clears the lease expiry (and a scheduled retry: a late reply
+        supersedes it) and accepts a late reply only as :func:`finishable`
+        says; leaving the leased statuses otherwise clears the lease expiry.
+        ``refund_attempt`` in ``keys`` gives the attempt back (only where
+        claims count attempts from 0: queues with an availability gate); a
+        key whose role the queue lacks (``ready_at`` without an availability
+        gate) sets nothing.
+        """
+        qt = self.table(queue)
+        c = qt.c
+        new: dict[Any, Any] = {c.status: _status(target)}
+        status = status_in(c.status, sources)
+        if target == queue.done:
+            status = finishable(qt, queue, sources)
+            new[qt.finished_at] = sa.bindparam("now", type_=qt.finished_at.type)
+            new[c.lease_expires_at] = None
+            if qt.retry_at.nullable:
+                new[qt.retry_at] = None
+        elif target not in queue.leased:
+            new[c.lease_expires_at] = None
+        roles = {"error": qt.error, "ready_at": qt.ready_at}
+        bound: list[str] = []
+        for key in keys:
+            if key == "refund_attempt":
+                if qt.ready_at is not None:
+                    new[qt.attempt] = qt.attempt - 1
+                continue
+            column = roles[key] if key in roles else c[key]
+            if column is not None:
+                new[column] = sa.bindparam(f"v_{key}", type_=column.type)
+                bound.append(key)
+        stmt = sa.update(qt.table).where(*self.fence(qt), status).values(new).returning(c.id)
+        return stmt, tuple(bound)
+
+    @functools.cache  # noqa: B019
     def expired(self, queue: QueueSpec) -> sa.Select[Any]:
         """Leased items whose lease ran out."""
         qt = self.table(queue)

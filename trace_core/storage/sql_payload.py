@@ -10,12 +10,12 @@ import sqlalchemy as sa
 
 from trace_core.storage import schema
 from trace_core.storage.ports.payload import VersionPointer
-from trace_core.storage.sql_area import SqlArea
+from trace_core.storage.sql_area import SqlArea, in_list
 
 __all__ = ["SqlPayloadOps"]
 
 
-def _task_rows_statement() -> sa.Select[Any]:
+def _task_rows_statement(engine: str) -> sa.Select[Any]:
     t, j = schema.tasks, schema.jobs
     return (
         sa.select(
@@ -39,11 +39,11 @@ def _task_rows_statement() -> sa.Select[Any]:
             j.c.source,
         )
         .join(j, j.c.id == t.c.job_id)
-        .where(t.c.id.in_(sa.bindparam("ids", expanding=True)))
+        .where(in_list(t.c.id, "ids", engine))
     )
 
 
-def _pointers_statement() -> sa.Select[Any]:
+def _pointers_statement(engine: str) -> sa.Select[Any]:
     p, v, d = schema.dag_version_datasets, schema.dataset_versions, schema.datasets
     return (
         sa.select(
@@ -57,14 +57,17 @@ def _pointers_statement() -> sa.Select[Any]:
         )
         .join(v, v.c.id == p.c.dataset_version)
         .join(d, d.c.id == p.c.dataset_uuid)
-        .where(p.c.dag_version_id.in_(sa.bindparam("dag_versions", expanding=True)))
+        .where(in_list(p.c.dag_version_id, "dag_versions", engine))
     )
 
 
-# Built once: every claim runs them, and building a statement (and its cache
-# key) costs more than SQLAlchemy's compiled-cache lookup of a ready one.
-_TASK_ROWS = _task_rows_statement()
-_POINTERS = _pointers_statement()
+# Built once per engine: every claim runs them, and building a statement (and
+# its cache key) costs more than SQLAlchemy's compiled-cache lookup of a ready
+# one; on Postgres they are fixed text, which the direct path runs as it is.
+_ENGINES = ("postgres", "sqlite")
+_TASK_ROWS = {engine: _task_rows_statement(engine) for engine in _ENGINES}
+_TASK_ROW_KEYS = tuple(_TASK_ROWS["postgres"].selected_columns.keys())
+_POINTERS = {engine: _pointers_statement(engine) for engine in _ENGINES}
 
 
 class SqlPayloadOps(SqlArea):
@@ -73,13 +76,17 @@ class SqlPayloadOps(SqlArea):
     async def task_rows(self, task_ids: Sequence[uuid.UUID]) -> list[dict[str, Any]]:
         if not task_ids:
             return []
-        rows = await self._rows("task payload rows", _TASK_ROWS, {"ids": list(task_ids)})
-        return [dict(row._mapping) for row in rows]
+        stmt = _TASK_ROWS[self.engine_name]
+        rows = await self._fixed_rows("task payload rows", stmt, {"ids": list(task_ids)})
+        return [dict(zip(_TASK_ROW_KEYS, row, strict=True)) for row in rows]
 
     async def version_pointers(self, dag_versions: Collection[uuid.UUID]) -> list[VersionPointer]:
         if not dag_versions:
             return []
-        rows = await self._rows("payload pointers", _POINTERS, {"dag_versions": list(dag_versions)})
+        stmt = _POINTERS[self.engine_name]
+        rows = await self._fixed_rows(
+            "payload pointers", stmt, {"dag_versions": list(dag_versions)}
+        )
         return [VersionPointer(*row) for row in rows]
 
     async def storage_locations(self, versions: Collection[uuid.UUID]) -> dict[uuid.UUID, str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Collection, Sequence
 from datetime import datetime
+from typing import Any
 
 import sqlalchemy as sa
 
@@ -15,7 +16,7 @@ from trace_core.storage.ports.registry import (
     RegisteredDataset,
     VersionProgress,
 )
-from trace_core.storage.sql_area import SqlArea
+from trace_core.storage.sql_area import SqlArea, in_list
 
 __all__ = ["SqlRegistryOps"]
 
@@ -24,6 +25,17 @@ def _same(column: sa.ColumnElement[int], value: int | None) -> sa.ColumnElement[
     # The UNIQUE constraint treats NULLs as distinct, so an open bound is
     # compared here with IS NULL.
     return column.is_(None) if value is None else column == value
+
+
+def _progress_statement(engine: str) -> sa.Select[Any]:
+    g = schema.dataset_version_progress
+    return sa.select(g.c.dataset_version, g.c.ranges, g.c.max_cursor).where(
+        in_list(g.c.dataset_version, "versions", engine)
+    )
+
+
+# Built once per engine: every claim of a source task reads it.
+_PROGRESS = {engine: _progress_statement(engine) for engine in ("postgres", "sqlite")}
 
 
 class SqlRegistryOps(SqlArea):
@@ -153,11 +165,11 @@ class SqlRegistryOps(SqlArea):
     ) -> dict[uuid.UUID, VersionProgress]:
         if not versions:
             return {}
-        g = schema.dataset_version_progress
-        stmt = sa.select(g.c.dataset_version, g.c.ranges, g.c.max_cursor).where(
-            g.c.dataset_version.in_(list(versions))
+        stmt = _PROGRESS[self.engine_name]
+        rows = await self._fixed_rows(
+            "dataset version progress", stmt, {"versions": list(versions)}
         )
         return {
             row[0]: VersionProgress(tuple((int(r[0]), int(r[1])) for r in row[1] or ()), row[2])
-            for row in await self._rows("dataset version progress", stmt)
+            for row in rows
         }
