@@ -150,10 +150,10 @@ def worker_router(dispatcher: Dispatcher, claimer: StreamClaimer, *, max_wait_ms
         """Extend the lease the token names (of ``attempt_id``, if given), for
         the worker the attempt was claimed by."""
         try:
-            attempt = await holder_attempt(
+            held = await holder_attempt(
                 dispatcher, request.job_id, request.attempt_id, request.worker_id
             )
-            fence = Fence(request.job_id, attempt, request.lease_token)
+            fence = Fence(request.job_id, held.number, request.lease_token)
             expires = await control.heartbeat(fence)
         except _REFUSED as exc:
             return _refused(exc)
@@ -166,16 +166,17 @@ def worker_router(dispatcher: Dispatcher, claimer: StreamClaimer, *, max_wait_ms
         the attempt's record) and complete the job."""
         events = to_events(request.result.events, "result.events")
         try:
-            attempt = await holder_attempt(
+            held = await holder_attempt(
                 dispatcher, request.job_id, request.attempt_id, request.worker_id
             )
-            fence = Fence(request.job_id, attempt, request.lease_token)
+            fence = Fence(request.job_id, held.number, request.lease_token)
             done = await complete_attempt(
                 dispatcher,
                 fence,
                 events=events,
                 outputs=request.result.outputs,
                 result=request.result.kept(),
+                record=held.record,
             )
         except _REFUSED as exc:
             return _refused(exc)
@@ -187,16 +188,17 @@ def worker_router(dispatcher: Dispatcher, claimer: StreamClaimer, *, max_wait_ms
         the error is kept structured on the attempt's record."""
         error = request.error
         try:
-            attempt = await holder_attempt(
+            held = await holder_attempt(
                 dispatcher, request.job_id, request.attempt_id, request.worker_id
             )
-            fence = Fence(request.job_id, attempt, request.lease_token)
+            fence = Fence(request.job_id, held.number, request.lease_token)
             failed = await fail_attempt(
                 dispatcher,
                 fence,
                 f"{error.code}: {error.message}",
                 retryable=error.retryable,
                 detail=error.model_dump(mode="json"),
+                record=held.record,
             )
         except _REFUSED as exc:
             return _refused(exc)
