@@ -16,7 +16,7 @@ import anyio
 import pytest
 import redis.asyncio as aioredis
 
-from tests.api_fixtures import STREAM, Api, api_platform
+from tests.api_fixtures import DOWNSTREAM, STREAM, Api, api_platform, partition
 from tests.factories import wait_until
 from trace_core.clock import ManualClock
 from trace_core.ports import StreamMessage, StreamTransportUnavailable
@@ -165,6 +165,43 @@ async def test_an_unreachable_redis_is_reported_as_unavailable() -> None:
 async def test_a_redis_url_of_another_scheme_is_refused() -> None:
     with pytest.raises(ValueError, match="redis url"):
         RedisStreams.from_url("http://127.0.0.1:6379")
+
+
+async def test_one_read_serves_every_stream_in_priority_order(
+    api: Api, streams: RedisStreams
+) -> None:
+    upstream = await _trigger(api, "run-1")
+    claimed = await _claim(api)
+    report = {
+        "task_id": str(upstream),
+        "attempt": 1,
+        "lease_token": claimed["lease_token"],
+        "status": "Completed",
+        "events": [partition(api.blocks, 0, 9)],
+    }
+    assert (await api.client.post("/internal/task-complete", json=report)).status_code == 200
+    await api.dispatcher.run_once()  # routes a `double` task: a message on the downstream
+    follow = await _trigger(api, "run-2")  # and a `follow` message on STREAM
+    read = await _commands(streams, "xreadgroup")
+
+    body = {"worker_id": "w1", "streams": [DOWNSTREAM, STREAM], "max_wait_ms": 0}
+    first = (await api.client.post("/internal/worker/claim", json=body)).json()
+    assert (first["stream"], first["source"]) == (DOWNSTREAM, "stream")
+    assert first["payload"]["job"]["name"] == "double"
+    # One XREADGROUP for both streams: STREAM's message came too, and waits
+    # pending at w1 for its next claim.
+    assert await _commands(streams, "xreadgroup") == read + 1
+    assert await streams.pending_count(STREAM) == 1
+    second = (await api.client.post("/internal/worker/claim", json=body)).json()
+    assert (second["stream"], second["source"]) == (STREAM, "stream")
+    assert second["job_id"] == str(follow)
+    assert second["message_id"] == (await _messages(streams))[-1][0]
+
+
+async def _commands(streams: RedisStreams, command: str) -> int:
+    """How many ``command`` calls the server has served (INFO commandstats)."""
+    stats: Any = await streams.client.info("commandstats")
+    return int(stats.get(f"cmdstat_{command}", {}).get("calls", 0))
 
 
 # --- duplicates and finished jobs ----------------------------------------------

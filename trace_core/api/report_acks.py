@@ -34,6 +34,7 @@ from trace_core.dispatcher.service import Dispatcher
 from trace_core.model import NotClaimedReason
 from trace_core.ports import StreamMessage, StreamTransport
 from trace_core.storage.ports.attempts import AttemptRecord
+from trace_core.storage.scopes import per_statement_reads
 
 __all__ = ["CommitAckFaultPoint", "CommitAckHook", "ack_reported", "stream_transport"]
 
@@ -73,7 +74,7 @@ async def ack_reported(
     if transport is None:
         return
     if record is None or record.attempt != attempt:
-        async with dispatcher.repo.read() as tx:
+        async with per_statement_reads(dispatcher.repo) as tx:
             record = await tx.attempts.find_by_number(job_id, attempt)
     if record is None or record.stream is None or record.message_id is None:
         return

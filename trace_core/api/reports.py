@@ -38,6 +38,7 @@ from trace_core.dispatcher.service import Dispatcher
 from trace_core.errors import InvalidTransition, NotFound, StaleClaim
 from trace_core.model import Fence, ItemState
 from trace_core.storage.ports.attempts import AttemptRecord
+from trace_core.storage.scopes import per_statement_reads
 
 __all__ = [
     "Completion",
@@ -83,7 +84,7 @@ async def holder_attempt(
     checked here; its fence still is.
     """
     if isinstance(attempt_id, uuid.UUID):
-        async with dispatcher.repo.read() as tx:
+        async with per_statement_reads(dispatcher.repo) as tx:
             record = await tx.attempts.find(attempt_id)
         if record is None or record.task_id != job_id:
             raise NotFound(f"job {job_id} has no attempt {attempt_id}")
@@ -91,7 +92,7 @@ async def holder_attempt(
         number = attempt_id
         if number is None:
             number = (await dispatcher.tasks.leases.inspect(job_id)).attempt
-        async with dispatcher.repo.read() as tx:
+        async with per_statement_reads(dispatcher.repo) as tx:
             record = await tx.attempts.find_by_number(job_id, number)
         if record is None:
             return HeldAttempt(number, None)

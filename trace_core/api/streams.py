@@ -83,6 +83,7 @@ from trace_core.errors import InvalidInput, NotFound
 from trace_core.model import NotClaimedReason
 from trace_core.ports import StreamMessage, StreamTransport, StreamTransportUnavailable
 from trace_core.storage.ports import RuntimeRoute
+from trace_core.storage.scopes import per_statement_reads
 from trace_core.tasks import TASKS_CHANNEL
 
 __all__ = ["StreamClaim", "StreamClaimer", "WakeupReceiver"]
@@ -373,5 +374,5 @@ class StreamClaimer:
 
     async def _queued(self, matchers: list[Matcher]) -> list[uuid.UUID]:
         """The oldest queued tasks of the jobs routed to one stream, in claim order."""
-        async with self.dispatcher.repo.read() as tx:
+        async with per_statement_reads(self.dispatcher.repo) as tx:
             return await tx.tasks.oldest_queued(matchers, limit=self.fallback_scan)
