@@ -138,6 +138,41 @@ async def test_claim_answers_the_real_message_id_and_acks_after_completion(
     assert await _statuses(api) == {task_id: ("Completed", 1)}
 
 
+async def test_a_report_naming_another_message_is_409_and_changes_nothing(
+    api: Api, streams: RedisStreams
+) -> None:
+    task_id = await _trigger(api, "run-1")
+    claimed = await _claim(api)
+    base = {
+        "worker_id": "w1",
+        "job_id": claimed["job_id"],
+        "attempt_id": claimed["attempt_id"],
+        "lease_token": claimed["lease_token"],
+        "stream": claimed["stream"],
+        "message_id": claimed["message_id"],
+    }
+    wrong = [
+        ("complete", {"message_id": "1-0", "result": {"events": []}}),
+        ("complete", {"stream": DOWNSTREAM}),
+        ("fail", {"message_id": "1-0", "error": {"message": "x", "retryable": False}}),
+    ]
+    for route, change in wrong:
+        refused = await api.client.post(f"/internal/worker/{route}", json={**base, **change})
+        assert refused.status_code == 409, (route, refused.text)
+        assert refused.json() == {
+            "ok": False,
+            "ack": False,  # the named message did not deliver this attempt
+            "error": "wrong_message",
+            "reason": refused.json()["reason"],
+        }
+        assert claimed["message_id"] in refused.json()["reason"]
+        assert await _statuses(api) == {task_id: ("Running", 1)}
+        assert await streams.pending_count(STREAM) == 1  # nothing acknowledged
+    await _complete(api, claimed)
+    assert await _statuses(api) == {task_id: ("Completed", 1)}
+    assert await streams.pending_count(STREAM) == 0
+
+
 async def test_streams_are_trimmed_and_groups_created_idempotently(redis_url: str) -> None:
     transport = _transport(redis_url, maxlen=10)
     try:

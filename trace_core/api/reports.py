@@ -13,7 +13,9 @@ A report for a canceled task is stale: cancellation fences the holder out
 The v1 contract also names the worker: :func:`holder_attempt` finds the
 attempt a report is about (by number or by its record's ``attempt_id``) and
 refuses a worker that is not the one the attempt was claimed by
-(:class:`NotLeaseHolder`), before anything is written. An attempt's worker
+(:class:`NotLeaseHolder`), and :func:`check_message` a report naming another
+stream message than the one that delivered the attempt (:class:`WrongMessage`),
+before anything is written. An attempt's worker
 never changes, so checking it before the fenced write is as good as in it.
 A completion's ``result`` and a failure's structured ``error`` are kept on the
 attempt's record, in the transaction that ends the attempt; a duplicate
@@ -45,6 +47,8 @@ __all__ = [
     "Failure",
     "HeldAttempt",
     "NotLeaseHolder",
+    "WrongMessage",
+    "check_message",
     "complete_attempt",
     "fail_attempt",
     "holder_attempt",
@@ -57,6 +61,11 @@ _MAX_ERROR = 8_192  # characters of an error message kept in tasks.error_message
 class NotLeaseHolder(StaleClaim):
     """A report names another worker than the one the attempt was claimed by;
     nothing was changed."""
+
+
+class WrongMessage(StaleClaim):
+    """A report names another stream message than the one that delivered its
+    attempt (as the claim answered it); nothing was changed."""
 
 
 @dataclass(frozen=True)
@@ -99,6 +108,24 @@ async def holder_attempt(
     if record.worker_id != worker_id:
         raise NotLeaseHolder("tasks", job_id, f"attempt {record.attempt} is held by another worker")
     return HeldAttempt(record.attempt, record)
+
+
+def check_message(held: HeldAttempt, stream: str, message_id: str) -> None:
+    """Raise :class:`WrongMessage` when the attempt's record names the stream
+    message that delivered it and a report names another (``stream`` and
+    ``message_id`` as the claim answered them). An attempt that no stream
+    message delivered (a database-fallback or in-process wake-up claim, whose
+    ``message_id`` is an opaque token) is not checked."""
+    record = held.record
+    if record is None or record.stream is None or record.message_id is None:
+        return
+    if (stream, message_id) != (record.stream, record.message_id):
+        raise WrongMessage(
+            "tasks",
+            record.task_id,
+            f"attempt {record.attempt} was delivered by message {record.message_id} of "
+            f"stream {record.stream}: send back the stream and message_id its claim answered",
+        )
 
 
 @dataclass(frozen=True)
