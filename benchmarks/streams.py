@@ -18,6 +18,10 @@ order from run to run so neither always goes first:
   claim's answer is recorded, ``--latency-samples`` times (the task is
   completed before the next sample); ``wakeup_p50_ms`` / ``wakeup_p99_ms``.
 
+- **server CPU per task** (``server_cpu_ms_per_task``): the CPU time the
+  ``serve`` process used over the throughput phase (``/proc/<pid>/stat``),
+  divided by the tasks: what a claim and its completion cost the control
+  plane, whatever else the shared machine runs.
 - **Redis commands per task** (``redis_commands_per_task``, and per command
   in ``redis_commands``): the server's ``INFO commandstats`` calls over the
   throughput phase, divided by the tasks: the round trips a claim and its
@@ -33,6 +37,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import multiprocessing as mp
+import os
 import sys
 import tempfile
 import time
@@ -59,7 +64,7 @@ __all__ = ["main"]
 
 STREAM = "trace-ecs-platform"
 TRANSPORTS = ("redis", "database")
-_FIGURES = ("tasks_per_s", "wakeup_p50_ms", "wakeup_p99_ms")
+_FIGURES = ("tasks_per_s", "wakeup_p50_ms", "wakeup_p99_ms", "server_cpu_ms_per_task")
 _KEYS = (
     *[f"{t}_{k}" for t in TRANSPORTS for k in _FIGURES],
     "redis_over_database",
@@ -197,7 +202,9 @@ def _one(
     try:
         anyio.run(_create_tasks, base, args.tasks)
         before = _command_calls(redis.url) if transport == "redis" else {}
+        cpu_before = _cpu_seconds(server.pid)
         tasks_per_s = _throughput(base, args.workers, args.tasks)
+        cpu_after = _cpu_seconds(server.pid)
         after = _command_calls(redis.url) if transport == "redis" else {}
         latencies = anyio.run(_latency, base, args.latency_samples)
     finally:
@@ -210,6 +217,8 @@ def _one(
         "wakeup_p99_ms": round(percentile(latencies, 99), 2),
         "verified": statuses == {"Completed": args.tasks + args.latency_samples},
     }
+    if cpu_before is not None and cpu_after is not None:
+        figures["server_cpu_ms_per_task"] = round((cpu_after - cpu_before) * 1000 / args.tasks, 2)
     if transport == "redis":
         per_task = {
             name: round((calls - before.get(name, 0)) / args.tasks, 2)
@@ -219,6 +228,18 @@ def _one(
         figures["commands_per_task"] = round(sum(per_task.values()), 2)
         figures["commands"] = per_task
     return figures
+
+
+def _cpu_seconds(pid: int) -> float | None:
+    """CPU time (user + system) the process has used so far; ``None`` where
+    ``/proc`` does not say (not Linux). CPU time, unlike wall time, hardly
+    depends on what else the shared machine runs."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return None
+    # utime and stime: fields 14 and 15 of stat(5), counted after the ")".
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _command_calls(url: str) -> dict[str, int]:

@@ -66,6 +66,7 @@ database alone (step 2), and waits on the database notifications.
 
 from __future__ import annotations
 
+import functools
 import logging
 import uuid
 from collections.abc import Awaitable
@@ -216,9 +217,11 @@ class StreamClaimer:
                     continue
             await subscription.wait(wait)
 
-    @property
+    @functools.cached_property
     def transport(self) -> StreamTransport | None:
-        """The Dispatcher's wake-up queue when it is a stream transport."""
+        """The Dispatcher's wake-up queue when it is a stream transport (looked
+        at once: a runtime-checkable protocol's check is not free, and the
+        Dispatcher's queue never changes)."""
         wakeups = self.dispatcher.wakeups
         return wakeups if isinstance(wakeups, StreamTransport) else None
 

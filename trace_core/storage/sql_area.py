@@ -9,6 +9,7 @@ transaction, so they take part in it whatever its scope.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 import sqlalchemy as sa
@@ -30,6 +31,11 @@ class SqlStatements(Protocol):
     async def _execute(self, stmt: sa.Executable, params: Any = None) -> Any:
         """Run ``stmt`` in the transaction; a result with ``all``, ``first``,
         ``scalars`` and ``rowcount``."""
+        ...
+
+    async def _fetch(self, stmt: sa.Executable, params: Mapping[str, Any]) -> Sequence[Any]:
+        """Rows of ``stmt``, a statement built once and reused (on Postgres's
+        ``statement()`` scopes it runs on the driver directly)."""
         ...
 
 
@@ -55,6 +61,15 @@ class SqlArea:
         """Every row of ``stmt``, fetched."""
         with translate_errors(what):
             return list((await self._tx._execute(stmt, params)).all())
+
+    async def _cached_rows(
+        self, what: str, stmt: sa.Executable, params: Mapping[str, Any]
+    ) -> list[Any]:
+        """Every row of ``stmt``, a statement built once and cached by the
+        caller (``functools.cache``), so that a statement scope on Postgres
+        runs it on the driver directly, compiled once."""
+        with translate_errors(what):
+            return list(await self._tx._fetch(stmt, params))
 
     async def _count(self, what: str, stmt: sa.Executable, params: Any = None) -> int:
         """How many rows an UPDATE or DELETE changed (not an INSERT: psycopg

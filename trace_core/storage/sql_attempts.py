@@ -92,6 +92,26 @@ def claim_opening_attempts(claim: sa.Update) -> sa.Select[Any]:
     )
 
 
+@functools.cache
+def _setting_transport() -> sa.Update:
+    """Note the delivering message on a running attempt (one cached statement:
+    every stream claim runs it, on the driver directly on Postgres)."""
+    a = schema.job_attempts
+    return (
+        sa.update(a)
+        .where(
+            a.c.task_id == sa.bindparam("t_task", type_=a.c.task_id.type),
+            a.c.attempt == sa.bindparam("t_attempt", type_=sa.Integer()),
+            a.c.status == "Running",
+        )
+        .values(
+            stream=sa.bindparam("t_stream", type_=sa.Text()),
+            message_id=sa.bindparam("t_message", type_=sa.Text()),
+        )
+        .returning(a.c.attempt_id)
+    )
+
+
 def _closing_values() -> dict[str, Any]:
     a = schema.job_attempts
     return {
@@ -164,13 +184,13 @@ class SqlAttemptOps(SqlArea):
     async def set_transport_if_running(
         self, task_id: uuid.UUID, attempt: int, *, stream: str, message_id: str
     ) -> bool:
-        a = schema.job_attempts
-        stmt = (
-            sa.update(a)
-            .where(a.c.task_id == task_id, a.c.attempt == attempt, a.c.status == "Running")
-            .values(stream=stream, message_id=message_id)
-        )
-        return await self._count("attempt transport", stmt) > 0
+        params = {
+            "t_task": task_id,
+            "t_attempt": attempt,
+            "t_stream": stream,
+            "t_message": message_id,
+        }
+        return bool(await self._cached_rows("attempt transport", _setting_transport(), params))
 
     async def set_result_if_ended(
         self, task_id: uuid.UUID, attempt: int, *, status: str, result: Mapping[str, Any]
