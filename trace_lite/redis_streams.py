@@ -281,6 +281,15 @@ class RedisStreams:
         """``XACK`` every message (one round trip)."""
         if not messages:
             return
+        if len(messages) == 1:
+            # A report's own message: one command, without a pipeline's bookkeeping.
+            [m] = messages
+
+            async def ack_one() -> None:
+                await self.client.xack(self.key(m.stream), self.group, m.message_id)
+
+            await self._call(ack_one)
+            return
 
         async def ack() -> None:
             pipe = self.client.pipeline(transaction=False)
