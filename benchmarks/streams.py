@@ -18,6 +18,15 @@ order from run to run so neither always goes first:
   claim's answer is recorded, ``--latency-samples`` times (the task is
   completed before the next sample); ``wakeup_p50_ms`` / ``wakeup_p99_ms``.
 
+- **server CPU per task** (``server_cpu_ms_per_task``): the CPU time the
+  ``serve`` process used over the throughput phase (``/proc/<pid>/stat``),
+  divided by the tasks: what a claim and its completion cost the control
+  plane, whatever else the shared machine runs.
+- **Redis commands per task** (``redis_commands_per_task``, and per command
+  in ``redis_commands``): the server's ``INFO commandstats`` calls over the
+  throughput phase, divided by the tasks: the round trips a claim and its
+  completion spend on the transport.
+
 Every task must end ``Completed`` (``verified``). One JSON object per run
 holds both transports' figures (``redis_*`` and ``database_*``) and their
 ratio; then a summary with medians. Logs go to stderr.
@@ -28,6 +37,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import multiprocessing as mp
+import os
 import sys
 import tempfile
 import time
@@ -54,8 +64,12 @@ __all__ = ["main"]
 
 STREAM = "trace-ecs-platform"
 TRANSPORTS = ("redis", "database")
-_FIGURES = ("tasks_per_s", "wakeup_p50_ms", "wakeup_p99_ms")
-_KEYS = (*[f"{t}_{k}" for t in TRANSPORTS for k in _FIGURES], "redis_over_database")
+_FIGURES = ("tasks_per_s", "wakeup_p50_ms", "wakeup_p99_ms", "server_cpu_ms_per_task")
+_KEYS = (
+    *[f"{t}_{k}" for t in TRANSPORTS for k in _FIGURES],
+    "redis_over_database",
+    "redis_commands_per_task",
+)
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -187,17 +201,60 @@ def _one(
     )
     try:
         anyio.run(_create_tasks, base, args.tasks)
+        before = _command_calls(redis.url) if transport == "redis" else {}
+        cpu_before = _cpu_seconds(server.pid)
         tasks_per_s = _throughput(base, args.workers, args.tasks)
+        cpu_after = _cpu_seconds(server.pid)
+        after = _command_calls(redis.url) if transport == "redis" else {}
         latencies = anyio.run(_latency, base, args.latency_samples)
     finally:
         server.terminate()
         server.wait(timeout=60)
     statuses = count_tasks(url)
-    return {
+    figures: dict[str, Any] = {
         "tasks_per_s": round(tasks_per_s, 1),
         "wakeup_p50_ms": round(percentile(latencies, 50), 2),
         "wakeup_p99_ms": round(percentile(latencies, 99), 2),
         "verified": statuses == {"Completed": args.tasks + args.latency_samples},
+    }
+    if cpu_before is not None and cpu_after is not None:
+        figures["server_cpu_ms_per_task"] = round((cpu_after - cpu_before) * 1000 / args.tasks, 2)
+    if transport == "redis":
+        per_task = {
+            name: round((calls - before.get(name, 0)) / args.tasks, 2)
+            for name, calls in sorted(after.items())
+            if calls > before.get(name, 0) and name != "info"
+        }
+        figures["commands_per_task"] = round(sum(per_task.values()), 2)
+        figures["commands"] = per_task
+    return figures
+
+
+def _cpu_seconds(pid: int) -> float | None:
+    """CPU time (user + system) the process has used so far; ``None`` where
+    ``/proc`` does not say (not Linux). CPU time, unlike wall time, hardly
+    depends on what else the shared machine runs."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return None
+    # utime and stime: fields 14 and 15 of stat(5), counted after the ")".
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _command_calls(url: str) -> dict[str, int]:
+    """Calls per command the Redis server served so far (``INFO commandstats``)."""
+    import redis
+
+    client = redis.Redis.from_url(url)
+    try:
+        stats: Any = client.info("commandstats")
+    finally:
+        client.close()
+    return {
+        name.removeprefix("cmdstat_"): int(value["calls"])
+        for name, value in stats.items()
+        if name.startswith("cmdstat_")
     }
 
 

@@ -5,6 +5,7 @@ lease-guarded completion and failure."""
 from __future__ import annotations
 
 import uuid
+from datetime import datetime, timedelta
 from typing import Any
 
 import anyio
@@ -76,6 +77,67 @@ async def test_claim_takes_a_wakeup(api: Api) -> None:
     assert claimed["heartbeat_interval_seconds"] == 10.0
     assert _queue(api).pending(STREAM) == []
     assert (await api.task(task_id))["status"] == "Running"
+
+
+async def test_a_claim_answers_every_field_of_the_contract(api: Api) -> None:
+    task_id = await api.trigger("run-1")  # the relay has not run: a database claim
+    claimed_at = api.clock.now()
+    claimed = await _claim(api)
+    row = await api.task(task_id)
+    assert claimed == {
+        "claimed": True,
+        "job_id": str(task_id),
+        "attempt_id": 1,
+        "lease_token": str(row["lease_token"]),
+        "lease_expires_at": claimed["lease_expires_at"],
+        "stream": STREAM,
+        # No transport message exists: an opaque token the reports send back.
+        "message_id": f"database-{task_id}-1",
+        "source": "database",
+        "payload": claimed["payload"],
+        "lease_ttl_seconds": 30.0,
+        "heartbeat_interval_seconds": 10.0,
+    }
+    expires = datetime.fromisoformat(claimed["lease_expires_at"])
+    assert expires == claimed_at + timedelta(seconds=30) == row["lease_expires_at"]
+    payload = claimed["payload"]
+    assert payload["task_id"] == str(task_id) and payload["attempt"] == 1
+    assert payload["job"]["name"] == "follow" and payload["status"] == "Running"
+
+
+async def test_requests_with_a_missing_or_unknown_field_are_400_naming_it(api: Api) -> None:
+    await api.trigger("run-1")
+    claimed = await _claim(api)
+    complete = _report(claimed)
+    heartbeat = {k: complete[k] for k in ("worker_id", "job_id", "lease_token")}
+    fail = _report(claimed, error={"message": "x"})
+    claim = {"worker_id": "w", "streams": [STREAM], "max_wait_ms": 0}
+    cases = [
+        ("claim", claim, ("worker_id", "streams")),
+        ("heartbeat", heartbeat, ("worker_id", "job_id", "lease_token")),
+        (
+            "complete",
+            complete,
+            ("worker_id", "job_id", "attempt_id", "lease_token", "stream", "message_id"),
+        ),
+        (
+            "fail",
+            fail,
+            ("worker_id", "job_id", "attempt_id", "lease_token", "stream", "message_id", "error"),
+        ),
+    ]
+    for route, body, required in cases:
+        for field in required:
+            missing = {k: v for k, v in body.items() if k != field}
+            response = await api.client.post(f"/internal/worker/{route}", json=missing)
+            assert response.status_code == 400, (route, field, response.text)
+            answer = response.json()
+            assert answer["error"] == "invalid_request" and answer["field"] == field
+            assert answer["reason"] and answer["errors"][0]["field"] == field
+        unknown = await api.client.post(f"/internal/worker/{route}", json={**body, "colour": 1})
+        assert unknown.status_code == 400 and unknown.json()["field"] == "colour", route
+    # Nothing the refused calls carried was recorded.
+    assert (await api.task(uuid.UUID(claimed["job_id"])))["status"] == "Running"
 
 
 async def test_claim_falls_back_to_the_database_when_wakeups_are_lost(api: Api) -> None:
@@ -190,6 +252,8 @@ async def test_claim_requests_are_validated(repo: SqlRepository, clock: ManualCl
             ({"max_wait_ms": "5"}, "max_wait_ms"),
             ({"max_wait_ms": 1.5}, "max_wait_ms"),
             ({"streams": []}, "streams"),
+            ({"streams": [STREAM] * 17}, "streams"),  # at most 16
+            ({"streams": STREAM}, "streams"),  # a list, not a name
             ({"streams": [STREAM, "no-such-queue"]}, "streams[1]"),
             ({"streams": ["trace-lambda"]}, "streams[0]"),
             ({"worker_id": ""}, "worker_id"),
@@ -233,18 +297,32 @@ async def test_heartbeat_extends_the_named_lease(api: Api) -> None:
             json={**base, "lease_token": claimed["lease_token"], **extra},
         )
         assert beat.status_code == 200, beat.text
+        assert set(beat.json()) == {"ok", "lease_expires_at", "directive"}
         assert beat.json()["ok"] is True and beat.json()["directive"] == "run"
-        assert beat.json()["lease_expires_at"] > claimed["lease_expires_at"]
+        # Extended from now by the lease TTL.
+        expires = datetime.fromisoformat(beat.json()["lease_expires_at"])
+        assert expires == api.clock.now() + timedelta(seconds=claimed["lease_ttl_seconds"])
     stale = await api.client.post(
         "/internal/worker/heartbeat", json={**base, "lease_token": str(uuid.uuid4())}
     )
     assert stale.status_code == 409
-    assert stale.json()["ok"] is False and stale.json()["error"] == "stale"
+    assert stale.json() == {
+        "ok": False,
+        "ack": True,
+        "error": "stale",
+        "reason": stale.json()["reason"],
+    }
     missing = await api.client.post(
         "/internal/worker/heartbeat",
         json={**base, "job_id": str(uuid.uuid4()), "lease_token": claimed["lease_token"]},
     )
-    assert missing.status_code == 404 and missing.json()["ack"] is True
+    assert missing.status_code == 404
+    assert missing.json() == {
+        "ok": False,
+        "ack": True,
+        "error": "not_found",
+        "reason": missing.json()["reason"],
+    }
 
 
 async def test_complete_commits_the_result_once(api: Api) -> None:
@@ -274,8 +352,12 @@ async def test_complete_commits_the_result_once(api: Api) -> None:
         json=_report(claimed, error={"code": "late", "message": "after completion"}),
     )
     assert contradiction.status_code == 409
-    assert contradiction.json()["error"] == "invalid_transition"
-    assert contradiction.json()["ack"] is True
+    assert contradiction.json() == {
+        "ok": False,
+        "ack": True,
+        "error": "invalid_transition",
+        "reason": contradiction.json()["reason"],
+    }
     assert await api.task(task_id) == row
 
 
@@ -357,7 +439,14 @@ async def test_fail_requeues_or_dead_letters_idempotently(api: Api) -> None:
         "error": {"code": "E_INPUT", "message": "bad", "retryable": False},
     }
     dead = await api.client.post("/internal/worker/fail", json=report)
-    assert dead.json()["requeued"] is False and dead.json()["dlq"] is True
+    assert dead.status_code == 200, dead.text
+    assert dead.json() == {
+        "ok": True,
+        "ack": True,
+        "requeued": False,
+        "dlq": True,
+        "duplicate": False,
+    }
     assert (await api.claim(fatal_id))["reason"] == "DeadLettered"
 
 

@@ -27,6 +27,11 @@ def test_streams_benchmark_measures_both_transports(
         assert row[f"{transport}_verified"] is True
         assert row[f"{transport}_tasks_per_s"] > 0
         assert 0 < row[f"{transport}_wakeup_p50_ms"] <= row[f"{transport}_wakeup_p99_ms"]
+    # The transport's round trips per task, by command (messages were read and
+    # acknowledged while the workers ran); the total is their sum.
+    commands = row["redis_commands"]
+    assert commands["xack"] > 0 and commands["xreadgroup"] > 0
+    assert row["redis_commands_per_task"] == pytest.approx(sum(commands.values()), abs=0.05)
     assert row["redis_over_database"] == pytest.approx(
         row["redis_tasks_per_s"] / row["database_tasks_per_s"], 0.01
     )

@@ -6,7 +6,8 @@ completed exactly once in the database and no message is pending. And a
 control plane SIGKILLed after a completion committed and before its ack: a new
 one recognises the redelivered message and acknowledges it without running the
 job again. Waits are bounded and on conditions (marker files, rows, Redis
-counters, process exits)."""
+counters, process exits); the control plane is killed by its own fault point
+(``--fault-point between-commit-and-ack``), exactly between the two."""
 
 from __future__ import annotations
 
@@ -73,8 +74,10 @@ def _serve(
     tmp_path: Path,
     name: str,
     processes: list[tuple[subprocess.Popen[bytes], IO[bytes]]],
+    *extra: str,
 ) -> str:
-    """``trace-lite serve --redis-url`` on a free port, once it answers; its base URL."""
+    """``trace-lite serve --redis-url`` (and ``extra`` options) on a free port,
+    once it answers; its base URL."""
     port = _free_port()
     base = f"http://127.0.0.1:{port}"
     server_log = tmp_path / f"{name}.log"
@@ -82,6 +85,7 @@ def _serve(
         *("serve", "--db", database_url, "--port", str(port)),
         *("--data-dir", str(tmp_path / "data"), "--operators", OPERATORS_REF),
         *("--log-level", "warning", "--redis-url", redis_url, "--stream-idle-seconds", "1"),
+        *extra,
     ]
     server = _spawn(serve_args, server_log)
     processes.append(server)
@@ -166,7 +170,14 @@ def test_a_control_plane_killed_before_its_ack_runs_nothing_twice(
     (markers / RELEASE).touch()  # the operator finishes at once
     anyio.run(_deploy, database_url, markers)
     anyio.run(_reset, redis_url)
-    first_base = _serve(database_url, redis_url, tmp_path, "serve-1", processes)
+    first_base = _serve(
+        database_url,
+        redis_url,
+        tmp_path,
+        "serve-1",
+        processes,
+        *("--fault-point", "between-commit-and-ack"),
+    )
     one_task = ["--max-tasks", "1"]
 
     def trigger(base: str, key: str) -> uuid.UUID:
@@ -180,13 +191,15 @@ def test_a_control_plane_killed_before_its_ack_runs_nothing_twice(
         [*worker_args(first_base, "w-1", OPERATORS_REF), *one_task], tmp_path / "w1.log"
     )
     processes.append(worker)
-    assert worker[0].wait(timeout=90) == 0, (tmp_path / "w1.log").read_text()
-    # Committed, and its message still pending: the control plane dies now.
-    assert anyio.run(_tasks, database_url)[first]["status"] == "Completed"
-    assert anyio.run(_redis_state, redis_url)[1] == 1
+    # The worker's report commits and the armed control plane SIGKILLs itself
+    # at the fault point, before the ack.
     server = processes[0][0]
-    server.send_signal(signal.SIGKILL)
-    assert server.wait(timeout=30) == -signal.SIGKILL
+    assert server.wait(timeout=90) == -signal.SIGKILL, (tmp_path / "serve-1.log").read_text()
+    assert anyio.run(_tasks, database_url)[first]["status"] == "Completed"
+    assert anyio.run(_redis_state, redis_url)[1] == 1  # committed, never acknowledged
+    # The worker retries its report against the dead server: it is done for.
+    worker[0].send_signal(signal.SIGKILL)
+    assert worker[0].wait(timeout=30) == -signal.SIGKILL
 
     second_base = _serve(database_url, redis_url, tmp_path, "serve-2", processes)
     second = trigger(second_base, "k2")
@@ -201,12 +214,12 @@ def test_a_control_plane_killed_before_its_ack_runs_nothing_twice(
         first: ("Completed", 1),
         second: ("Completed", 1),
     }
-    # The redelivered message was recognised and acknowledged, not run again.
+    # The redelivered message was recognised and acknowledged, not run again;
+    # the second task's message was acknowledged right after its completion.
     assert sorted(p.name for p in markers.glob("started-*")) == sorted(
         [f"started-{first}-1", f"started-{second}-1"]
     )
-    # Only the second task's message is left: its worker exited before claiming again.
-    assert anyio.run(_pending_jobs, redis_url, "w-1") == [second]
+    assert anyio.run(_pending_jobs, redis_url, "w-1") == []
     with httpx.Client(base_url=second_base, headers=AUTH, timeout=10) as api:
         body = {"worker_id": "w-1", "streams": [STREAM], "max_wait_ms": 0}
         assert api.post("/internal/worker/claim", json=body).json()["claimed"] is False

@@ -14,8 +14,9 @@ from typing import Any
 
 import anyio
 import pytest
+import redis.asyncio as aioredis
 
-from tests.api_fixtures import STREAM, Api, api_platform
+from tests.api_fixtures import DOWNSTREAM, STREAM, Api, api_platform, partition
 from tests.factories import wait_until
 from trace_core.clock import ManualClock
 from trace_core.ports import StreamMessage, StreamTransportUnavailable
@@ -24,6 +25,10 @@ from trace_lite.redis_server import RedisServer
 from trace_lite.redis_streams import RedisStreams
 
 pytestmark = pytest.mark.anyio
+
+
+class _Killed(BaseException):
+    """The control plane's death at the fault point (not an error it could handle)."""
 
 
 def _transport(url: str, **options: Any) -> RedisStreams:
@@ -127,10 +132,45 @@ async def test_claim_answers_the_real_message_id_and_acks_after_completion(
     assert await streams.pending_count(STREAM) == 1
 
     await _complete(api, claimed)
-    assert await streams.pending_count(STREAM) == 1  # acked by the control plane, next claim
-    assert (await _claim(api))["claimed"] is False
+    # Acknowledged by the control plane right after the completion committed.
     assert await streams.pending_count(STREAM) == 0
+    assert (await _claim(api))["claimed"] is False
     assert await _statuses(api) == {task_id: ("Completed", 1)}
+
+
+async def test_a_report_naming_another_message_is_409_and_changes_nothing(
+    api: Api, streams: RedisStreams
+) -> None:
+    task_id = await _trigger(api, "run-1")
+    claimed = await _claim(api)
+    base = {
+        "worker_id": "w1",
+        "job_id": claimed["job_id"],
+        "attempt_id": claimed["attempt_id"],
+        "lease_token": claimed["lease_token"],
+        "stream": claimed["stream"],
+        "message_id": claimed["message_id"],
+    }
+    wrong = [
+        ("complete", {"message_id": "1-0", "result": {"events": []}}),
+        ("complete", {"stream": DOWNSTREAM}),
+        ("fail", {"message_id": "1-0", "error": {"message": "x", "retryable": False}}),
+    ]
+    for route, change in wrong:
+        refused = await api.client.post(f"/internal/worker/{route}", json={**base, **change})
+        assert refused.status_code == 409, (route, refused.text)
+        assert refused.json() == {
+            "ok": False,
+            "ack": False,  # the named message did not deliver this attempt
+            "error": "wrong_message",
+            "reason": refused.json()["reason"],
+        }
+        assert claimed["message_id"] in refused.json()["reason"]
+        assert await _statuses(api) == {task_id: ("Running", 1)}
+        assert await streams.pending_count(STREAM) == 1  # nothing acknowledged
+    await _complete(api, claimed)
+    assert await _statuses(api) == {task_id: ("Completed", 1)}
+    assert await streams.pending_count(STREAM) == 0
 
 
 async def test_streams_are_trimmed_and_groups_created_idempotently(redis_url: str) -> None:
@@ -162,6 +202,43 @@ async def test_a_redis_url_of_another_scheme_is_refused() -> None:
         RedisStreams.from_url("http://127.0.0.1:6379")
 
 
+async def test_one_read_serves_every_stream_in_priority_order(
+    api: Api, streams: RedisStreams
+) -> None:
+    upstream = await _trigger(api, "run-1")
+    claimed = await _claim(api)
+    report = {
+        "task_id": str(upstream),
+        "attempt": 1,
+        "lease_token": claimed["lease_token"],
+        "status": "Completed",
+        "events": [partition(api.blocks, 0, 9)],
+    }
+    assert (await api.client.post("/internal/task-complete", json=report)).status_code == 200
+    await api.dispatcher.run_once()  # routes a `double` task: a message on the downstream
+    follow = await _trigger(api, "run-2")  # and a `follow` message on STREAM
+    read = await _commands(streams, "xreadgroup")
+
+    body = {"worker_id": "w1", "streams": [DOWNSTREAM, STREAM], "max_wait_ms": 0}
+    first = (await api.client.post("/internal/worker/claim", json=body)).json()
+    assert (first["stream"], first["source"]) == (DOWNSTREAM, "stream")
+    assert first["payload"]["job"]["name"] == "double"
+    # One XREADGROUP for both streams: STREAM's message came too, and waits
+    # pending at w1 for its next claim.
+    assert await _commands(streams, "xreadgroup") == read + 1
+    assert await streams.pending_count(STREAM) == 1
+    second = (await api.client.post("/internal/worker/claim", json=body)).json()
+    assert (second["stream"], second["source"]) == (STREAM, "stream")
+    assert second["job_id"] == str(follow)
+    assert second["message_id"] == (await _messages(streams))[-1][0]
+
+
+async def _commands(streams: RedisStreams, command: str) -> int:
+    """How many ``command`` calls the server has served (INFO commandstats)."""
+    stats: Any = await streams.client.info("commandstats")
+    return int(stats.get(f"cmdstat_{command}", {}).get("calls", 0))
+
+
 # --- duplicates and finished jobs ----------------------------------------------
 
 
@@ -176,8 +253,8 @@ async def test_a_duplicated_message_is_acknowledged_without_a_second_run(
     assert second["claimed"] is False  # the duplicate: already running, acked and skipped
     assert await streams.pending_count(STREAM) == 1  # only w1's, while it runs
     await _complete(api, first)
-    assert (await _claim(api, "w1"))["claimed"] is False
     assert await streams.pending_count(STREAM) == 0
+    assert (await _claim(api, "w1"))["claimed"] is False
     assert await _statuses(api) == {task_id: ("Completed", 1)}
 
 
@@ -208,11 +285,92 @@ async def test_a_dead_lettered_job_gets_a_dlq_message(api: Api, streams: RedisSt
     }
     response = await api.client.post("/internal/worker/fail", json=report)
     assert response.status_code == 200 and response.json()["dlq"] is True
-    assert (await _claim(api))["claimed"] is False  # settles w1's pending message
+    # Copied to the DLQ and acknowledged right after the dead-letter committed.
     assert await streams.pending_count(STREAM) == 0
     [(_, fields)] = await _messages(streams, streams.dlq_key)
     assert fields["job_id"] == str(task_id) and fields["reason"] == "DeadLettered"
     assert fields["message_id"] == claimed["message_id"] and fields["stream"] == STREAM
+    # A repeated report is a duplicate: acknowledged again, never copied twice.
+    again = await api.client.post("/internal/worker/fail", json=report)
+    assert again.status_code == 200 and again.json()["duplicate"] is True
+    assert (await _claim(api))["claimed"] is False
+    assert len(await _messages(streams, streams.dlq_key)) == 1
+
+
+async def test_a_retryable_failure_acks_its_message_and_the_retry_sends_a_new_one(
+    api: Api, streams: RedisStreams
+) -> None:
+    task_id = await _trigger(api, "run-1")
+    claimed = await _claim(api)
+    report = {
+        "worker_id": "w1",
+        "job_id": claimed["job_id"],
+        "attempt_id": claimed["attempt_id"],
+        "lease_token": claimed["lease_token"],
+        "stream": claimed["stream"],
+        "message_id": claimed["message_id"],
+        "error": {"code": "flaky", "message": "try again", "retryable": True},
+    }
+    response = await api.client.post("/internal/worker/fail", json=report)
+    assert response.status_code == 200
+    assert (response.json()["requeued"], response.json()["dlq"]) == (True, False)
+    assert await streams.pending_count(STREAM) == 0  # the requeue committed: acked
+    api.clock.advance(3600)
+    await api.dispatcher.retries.run_once()
+    while await api.dispatcher.relay.run_once():  # the retry's own message
+        pass
+    retried = await _claim(api)
+    assert retried["source"] == "stream" and retried["attempt_id"] == 2
+    assert retried["message_id"] != claimed["message_id"]
+    await _complete(api, retried)
+    assert await streams.pending_count(STREAM) == 0
+    assert await _statuses(api) == {task_id: ("Completed", 2)}
+    assert await _messages(streams, streams.dlq_key) == []
+
+
+async def test_the_internal_report_acks_the_message_too(api: Api, streams: RedisStreams) -> None:
+    # trace-lite worker reports through /internal/task-complete: same ack.
+    await _trigger(api, "run-1")
+    claimed = await _claim(api)
+    report = {
+        "task_id": claimed["job_id"],
+        "attempt": claimed["attempt_id"],
+        "lease_token": claimed["lease_token"],
+        "status": "Completed",
+    }
+    response = await api.client.post("/internal/task-complete", json=report)
+    assert response.status_code == 200, response.text
+    assert await streams.pending_count(STREAM) == 0
+
+
+async def test_an_ack_that_fails_never_fails_the_report_and_is_left_to_the_sweep(
+    repo: SqlRepository, clock: ManualClock, redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Takeovers as in production (idle for minutes): only w1's own read-back acks.
+    streams = _transport(redis_url, claim_idle_seconds=120, takeover_interval_seconds=5)
+    try:
+        async with _platform(repo, clock, streams) as api:
+            task_id = await _trigger(api, "run-1")
+            claimed = await _claim(api)
+            working = streams.client
+            streams.client = aioredis.Redis.from_url("redis://127.0.0.1:1/0")  # unreachable
+            try:
+                await _complete(api, claimed)  # 200, ack: true: the completion committed
+            finally:
+                await streams.client.aclose()
+                streams.client = working
+            assert "not acknowledged, left to the sweep" in caplog.text
+            assert await streams.pending_count(STREAM) == 1
+            # Nothing says w1 holds a message: its next claim does not read them back ...
+            assert (await _claim(api))["claimed"] is False
+            assert await streams.pending_count(STREAM) == 1
+            # ... until the interval passed; then the sweep acknowledges it.
+            api.clock.advance(60)
+            assert (await _claim(api))["claimed"] is False
+            assert await streams.pending_count(STREAM) == 0
+            assert await _statuses(api) == {task_id: ("Completed", 1)}
+    finally:
+        await streams.close()
 
 
 # --- Redis faults --------------------------------------------------------------
@@ -289,13 +447,22 @@ async def test_a_dead_consumers_pending_message_is_taken_over_and_settled(
 async def test_a_control_plane_killed_between_commit_and_ack(
     repo: SqlRepository, clock: ManualClock, redis_url: str
 ) -> None:
-    first_streams = _transport(redis_url)
+    killed: list[StreamMessage] = []
+
+    async def die(message: StreamMessage) -> None:
+        killed.append(message)
+        raise _Killed  # the process ends here: nothing after it runs
+
+    first_streams = _transport(redis_url, between_commit_and_ack=die)
     async with _platform(repo, clock, first_streams) as api:
         task_id = await _trigger(api, "run-1")
         claimed = await _claim(api)
-        await _complete(api, claimed)  # committed; the process dies before any ack
+        with pytest.raises(_Killed):
+            await _complete(api, claimed)
+        assert killed == [StreamMessage(STREAM, claimed["message_id"], task_id)]
+        assert await _statuses(api) == {task_id: ("Completed", 1)}  # committed
     await first_streams.client.aclose()
-    assert await first_streams.pending_count(STREAM) == 1
+    assert await first_streams.pending_count(STREAM) == 1  # and never acknowledged
 
     # A new control plane on the same database and Redis (same key prefix).
     second_streams = RedisStreams.from_url(
@@ -379,3 +546,23 @@ def test_serve_takes_the_redis_url_from_the_option_or_the_environment(
     assert parsed().redis_url == "redis://127.0.0.1:6390/2"
     chosen = parsed("--redis-url", "redis://127.0.0.1:6391/0", "--stream-idle-seconds", "30")
     assert chosen.redis_url == "redis://127.0.0.1:6391/0" and chosen.stream_idle_seconds == 30.0
+
+
+def test_the_fault_point_is_hidden_and_checked() -> None:
+    import argparse
+
+    from trace_core.errors import ConfigurationError
+    from trace_lite.cli import _serve_arguments
+    from trace_lite.fault_points import check_fault_point
+
+    parser = argparse.ArgumentParser()
+    _serve_arguments(parser)
+    assert "fault-point" not in parser.format_help()  # for tests, not for users
+    assert parser.parse_args([]).fault_point is None
+    armed = parser.parse_args(["--fault-point", "between-commit-and-ack"]).fault_point
+    check_fault_point(armed, redis_url="redis://127.0.0.1:6379/0")
+    check_fault_point(None, redis_url=None)  # nothing armed
+    with pytest.raises(ConfigurationError, match=r"--fault-point: 'nope' is not one of"):
+        check_fault_point("nope", redis_url="redis://127.0.0.1:6379/0")
+    with pytest.raises(ConfigurationError, match="needs --redis-url"):
+        check_fault_point(armed, redis_url=None)

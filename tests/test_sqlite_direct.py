@@ -110,7 +110,7 @@ def write_lock_is_free(repo: SqlRepository) -> bool:
         conn.close()
 
 
-async def test_a_claim_and_a_small_create_are_three_thread_hops(
+async def test_a_claim_a_completion_and_a_small_create_are_few_thread_hops(
     repo: SqlRepository, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     job = await make_job(repo, clock.now())
@@ -128,12 +128,28 @@ async def test_a_claim_and_a_small_create_are_three_thread_hops(
     assert hops == ["_execute", "_execute", "_finish"]
     hops.clear()
     [lease] = await tq.claim_batch("w", 10)
-    # BEGIN IMMEDIATE + the claim, the attempt records (job_attempts), COMMIT.
-    assert hops == ["_execute", "_execute", "_finish"]
+    # BEGIN IMMEDIATE + the claim and the attempt records (job_attempts), COMMIT.
+    assert hops == ["_execute_then", "_finish"]
     hops.clear()
     assert await tq.complete_many([lease.fence]) == {lease.item_id}
-    # BEGIN IMMEDIATE + the fenced completion, closing the attempt records, COMMIT.
-    assert hops == ["_execute", "_execute", "_finish"]
+    # BEGIN IMMEDIATE + the fenced completion and closing the attempt records, COMMIT.
+    assert hops == ["_execute_then", "_finish"]
+    await tq.create([NewTask(job)])
+    [second] = await tq.claim_batch("w", 10)
+    hops.clear()
+    await tq.complete(second.fence)
+    # BEGIN IMMEDIATE + the fenced transition and closing its attempt record, COMMIT.
+    assert hops == ["_execute_then", "_finish"]
+    monkeypatch.undo()
+    # Nothing is weakened: each claim opened its record (with the lease's id),
+    # each completion closed it.
+    async with repo.read() as tx:
+        records = await tx.attempts.of_tasks([lease.item_id, second.item_id])
+    for claimed in (lease, second):
+        [record] = records[claimed.item_id]
+        assert record.attempt_id == claimed.attempt_id and record.worker_id == "w"
+        assert (record.attempt, record.status) == (1, "Completed")
+        assert record.ended_at == clock.now()
 
 
 async def test_statements_do_not_wait_for_the_default_thread_limiter(

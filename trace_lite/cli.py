@@ -220,6 +220,8 @@ def _serve_arguments(parser: argparse.ArgumentParser) -> None:
         help="with --redis-url: a stream message left pending this long by a worker "
         "is taken over by another (a dead worker's; default 120, above the lease TTL)",
     )
+    # For process tests only (trace_lite.fault_points), so not in --help.
+    parser.add_argument("--fault-point", default=None, help=argparse.SUPPRESS)
 
 
 def _serve(args: argparse.Namespace, db: StateDatabase) -> int:
@@ -238,6 +240,7 @@ def _serve(args: argparse.Namespace, db: StateDatabase) -> int:
         data_database_url=args.data_db,
         redis_url=args.redis_url,
         stream_idle_seconds=args.stream_idle_seconds,
+        fault_point=args.fault_point,
     )
     serve(config, token)
     return 0

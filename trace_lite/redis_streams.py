@@ -25,6 +25,12 @@ bounded whatever happens to consumers; a pending message trimmed away reads
 back without a body and is only acknowledged (the database fallback of the
 claim route still finds its task).
 
+A report's ack (:mod:`trace_core.api.report_acks`) calls
+``between_commit_and_ack``, when set, between the database's commit and the
+``XACK``: the fault point through which tests kill a control plane exactly
+there (``trace-lite serve --fault-point between-commit-and-ack``, see
+:mod:`trace_lite.fault_points`).
+
 Redis is transport, never truth: a message may be duplicated or lost.
 Connection failures become :class:`~trace_core.ports.StreamTransportUnavailable`,
 on which claims fall back to the database.
@@ -35,7 +41,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -44,6 +50,9 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from trace_core.errors import ConfigurationError
 from trace_core.ports import StreamMessage, StreamTransportUnavailable
+
+if TYPE_CHECKING:  # the HTTP layer is not imported by the transport
+    from trace_core.api.report_acks import CommitAckHook
 
 __all__ = ["DEFAULT_GROUP", "RedisStreams"]
 
@@ -65,7 +74,8 @@ class RedisStreams:
     is taken over (:meth:`take_over`); it should exceed the lease TTL, so a
     live worker's message is left alone while its lease can be renewed.
     ``takeover_interval_seconds`` spaces the ``XAUTOCLAIM`` sweeps of one
-    process (they scan the pending lists).
+    process (they scan the pending lists). ``between_commit_and_ack``: the
+    fault point of the module docstring (``None``: none).
     """
 
     def __init__(
@@ -77,6 +87,7 @@ class RedisStreams:
         maxlen: int = 100_000,
         claim_idle_seconds: float = 120.0,
         takeover_interval_seconds: float = 5.0,
+        between_commit_and_ack: CommitAckHook | None = None,
     ) -> None:
         if maxlen < 1:
             raise ConfigurationError("RedisStreams.maxlen must be >= 1")
@@ -90,6 +101,7 @@ class RedisStreams:
         self.maxlen = maxlen
         self.claim_idle_seconds = claim_idle_seconds
         self.takeover_interval_seconds = takeover_interval_seconds
+        self.between_commit_and_ack = between_commit_and_ack
         self._groups: set[str] = set()
         self._last_takeover: dict[str, float] = {}
 
@@ -268,6 +280,15 @@ class RedisStreams:
     async def ack(self, messages: Sequence[StreamMessage]) -> None:
         """``XACK`` every message (one round trip)."""
         if not messages:
+            return
+        if len(messages) == 1:
+            # A report's own message: one command, without a pipeline's bookkeeping.
+            [m] = messages
+
+            async def ack_one() -> None:
+                await self.client.xack(self.key(m.stream), self.group, m.message_id)
+
+            await self._call(ack_one)
             return
 
         async def ack() -> None:

@@ -103,6 +103,8 @@ class ServeConfig:
     it wake-ups stay in process and workers' claims read the database."""
     stream_idle_seconds: float = 120.0
     """A stream message pending this long at one worker is taken over by another."""
+    fault_point: str | None = None
+    """A fault point to arm, for tests only (:mod:`trace_lite.fault_points`)."""
 
     @property
     def data_url(self) -> str:
@@ -181,6 +183,9 @@ def read_minter_key(data_dir: str | os.PathLike[str]) -> bytes:
 
 def serve(config: ServeConfig, token: str) -> None:
     """Check the database schema, open the keys, then serve until interrupted."""
+    from trace_lite.fault_points import check_fault_point
+
+    check_fault_point(config.fault_point, redis_url=config.redis_url)
     revision, head = current_revision(config.database_url), head_revision()
     if revision != head:
         raise ConfigurationError(
@@ -232,10 +237,14 @@ async def _serve(
     clock = SystemClock()
     streams = None
     if config.redis_url:
+        from trace_lite.fault_points import BETWEEN_COMMIT_AND_ACK, kill_between_commit_and_ack
         from trace_lite.redis_streams import RedisStreams
 
+        armed = config.fault_point == BETWEEN_COMMIT_AND_ACK
         streams = RedisStreams.from_url(
-            config.redis_url, claim_idle_seconds=config.stream_idle_seconds
+            config.redis_url,
+            claim_idle_seconds=config.stream_idle_seconds,
+            between_commit_and_ack=kill_between_commit_and_ack if armed else None,
         )
     repo = SqlRepository(config.database_url, EngineSettings(pool_size=_POOL))
     data = DataDatabase(config.data_url)

@@ -13,11 +13,18 @@ A report for a canceled task is stale: cancellation fences the holder out
 The v1 contract also names the worker: :func:`holder_attempt` finds the
 attempt a report is about (by number or by its record's ``attempt_id``) and
 refuses a worker that is not the one the attempt was claimed by
-(:class:`NotLeaseHolder`), before anything is written. An attempt's worker
+(:class:`NotLeaseHolder`), and :func:`check_message` a report naming another
+stream message than the one that delivered the attempt (:class:`WrongMessage`),
+before anything is written. An attempt's worker
 never changes, so checking it before the fenced write is as good as in it.
 A completion's ``result`` and a failure's structured ``error`` are kept on the
 attempt's record, in the transaction that ends the attempt; a duplicate
 report keeps what the first one wrote.
+
+After the commit, a report acknowledges the attempt's stream message when a
+stream transport delivered it (:func:`~trace_core.api.report_acks.ack_reported`):
+both contracts' reports, so a ``trace-lite worker`` (which reports through
+``/internal/task-complete``) has its message acknowledged right away too.
 """
 
 from __future__ import annotations
@@ -27,15 +34,21 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from trace_core.api.report_acks import ack_reported
 from trace_core.authoring.events import DatasetEvent
 from trace_core.dispatcher.service import Dispatcher
 from trace_core.errors import InvalidTransition, NotFound, StaleClaim
 from trace_core.model import Fence, ItemState
+from trace_core.storage.ports.attempts import AttemptRecord
+from trace_core.storage.scopes import per_statement_reads
 
 __all__ = [
     "Completion",
     "Failure",
+    "HeldAttempt",
     "NotLeaseHolder",
+    "WrongMessage",
+    "check_message",
     "complete_attempt",
     "fail_attempt",
     "holder_attempt",
@@ -50,13 +63,27 @@ class NotLeaseHolder(StaleClaim):
     nothing was changed."""
 
 
+class WrongMessage(StaleClaim):
+    """A report names another stream message than the one that delivered its
+    attempt (as the claim answered it); nothing was changed."""
+
+
+@dataclass(frozen=True)
+class HeldAttempt:
+    """The attempt a v1 report is about: its number and its record (``None``
+    for an attempt claimed before records were kept)."""
+
+    number: int
+    record: AttemptRecord | None
+
+
 async def holder_attempt(
     dispatcher: Dispatcher,
     job_id: uuid.UUID,
     attempt_id: int | uuid.UUID | None,
     worker_id: str,
-) -> int:
-    """The attempt number a v1 report of ``worker_id`` is about.
+) -> HeldAttempt:
+    """The attempt a v1 report of ``worker_id`` is about.
 
     ``attempt_id`` is the attempt number, the attempt record's id, or ``None``
     for the task's current attempt. Raises :class:`NotFound` for an unknown
@@ -66,7 +93,7 @@ async def holder_attempt(
     checked here; its fence still is.
     """
     if isinstance(attempt_id, uuid.UUID):
-        async with dispatcher.repo.read() as tx:
+        async with per_statement_reads(dispatcher.repo) as tx:
             record = await tx.attempts.find(attempt_id)
         if record is None or record.task_id != job_id:
             raise NotFound(f"job {job_id} has no attempt {attempt_id}")
@@ -74,13 +101,31 @@ async def holder_attempt(
         number = attempt_id
         if number is None:
             number = (await dispatcher.tasks.leases.inspect(job_id)).attempt
-        async with dispatcher.repo.read() as tx:
+        async with per_statement_reads(dispatcher.repo) as tx:
             record = await tx.attempts.find_by_number(job_id, number)
         if record is None:
-            return number
+            return HeldAttempt(number, None)
     if record.worker_id != worker_id:
         raise NotLeaseHolder("tasks", job_id, f"attempt {record.attempt} is held by another worker")
-    return record.attempt
+    return HeldAttempt(record.attempt, record)
+
+
+def check_message(held: HeldAttempt, stream: str, message_id: str) -> None:
+    """Raise :class:`WrongMessage` when the attempt's record names the stream
+    message that delivered it and a report names another (``stream`` and
+    ``message_id`` as the claim answered them). An attempt that no stream
+    message delivered (a database-fallback or in-process wake-up claim, whose
+    ``message_id`` is an opaque token) is not checked."""
+    record = held.record
+    if record is None or record.stream is None or record.message_id is None:
+        return
+    if (stream, message_id) != (record.stream, record.message_id):
+        raise WrongMessage(
+            "tasks",
+            record.task_id,
+            f"attempt {record.attempt} was delivered by message {record.message_id} of "
+            f"stream {record.stream}: send back the stream and message_id its claim answered",
+        )
 
 
 @dataclass(frozen=True)
@@ -125,19 +170,25 @@ async def complete_attempt(
     events: Sequence[DatasetEvent] = (),
     outputs: Sequence[Mapping[str, Any]] | None = None,
     result: Mapping[str, Any] | None = None,
+    record: AttemptRecord | None = None,
 ) -> Completion:
     """Commit the final events, the completion and the attempt's ``result`` in
-    one transaction, or recognize a duplicate report of the same attempt."""
+    one transaction, or recognize a duplicate report of the same attempt; then
+    acknowledge the attempt's stream message (``record``: the attempt's
+    record, when the caller read it already)."""
     try:
         accepted = await dispatcher.control.complete(
             fence, events=events, outputs=outputs, result=result
         )
     except InvalidTransition:
         state = await report_state(dispatcher, fence)
-        if state.status == "Completed":
-            return Completion(duplicate=True)
-        raise
-    return Completion(duplicate=False, event_ids=list(accepted.event_ids))
+        if state.status != "Completed":
+            raise
+        done = Completion(duplicate=True)
+    else:
+        done = Completion(duplicate=False, event_ids=list(accepted.event_ids))
+    await ack_reported(dispatcher, _job_id(fence), fence.attempt, record=record)
+    return done
 
 
 async def fail_attempt(
@@ -147,10 +198,13 @@ async def fail_attempt(
     *,
     retryable: bool,
     detail: Mapping[str, Any] | None = None,
+    record: AttemptRecord | None = None,
 ) -> Failure:
     """Fail the attempt (retry with backoff, or dead-letter), or recognize a
-    duplicate report of an attempt that already failed. ``detail`` is the
-    structured error kept on the attempt's record."""
+    duplicate report of an attempt that already failed; then acknowledge the
+    attempt's stream message (a new dead-letter copies it to the dead-letter
+    stream too). ``detail`` is the structured error kept on the attempt's
+    record; ``record`` the record, when the caller read it already."""
     try:
         outcome = await dispatcher.control.fail(
             fence, error[:_MAX_ERROR], retryable=retryable, detail=detail
@@ -158,8 +212,25 @@ async def fail_attempt(
     except InvalidTransition:
         state = await report_state(dispatcher, fence)
         if state.status == "Queued":  # failed, and the retry already put it back
-            return Failure(retrying=True, duplicate=True, status=state.status)
-        if state.status == "Failed":
-            return Failure(retrying=state.retry_at is not None, duplicate=True, status="Failed")
-        raise  # completed: a failure report contradicts the recorded outcome
-    return Failure(retrying=outcome.retrying, duplicate=False, status=outcome.status)
+            failed = Failure(retrying=True, duplicate=True, status=state.status)
+        elif state.status == "Failed":
+            failed = Failure(retrying=state.retry_at is not None, duplicate=True, status="Failed")
+        else:
+            raise  # completed: a failure report contradicts the recorded outcome
+    else:
+        failed = Failure(retrying=outcome.retrying, duplicate=False, status=outcome.status)
+    await ack_reported(
+        dispatcher,
+        _job_id(fence),
+        fence.attempt,
+        record=record,
+        # Only the report that dead-lettered copies the message: a duplicate's
+        # first report did.
+        dead_lettered=not failed.retrying and not failed.duplicate,
+    )
+    return failed
+
+
+def _job_id(fence: Fence) -> uuid.UUID:
+    item = fence.item_id
+    return item if isinstance(item, uuid.UUID) else uuid.UUID(str(item))

@@ -22,10 +22,15 @@ after ``recheck_seconds`` regardless, for what no notification announces
 With a stream transport (the Dispatcher's wake-up queue is a
 :class:`~trace_core.ports.StreamTransport`: Redis Streams, see
 :mod:`trace_lite.redis_streams`), step 1 reads the stream instead, as the
-consumer ``worker_id`` of the stream's consumer group, and the answer names
-the real message id (``source: "stream"``). A claim first *settles* what the
-worker already holds: its own pending messages, and those taken over
-(``XAUTOCLAIM``) from consumers idle too long (dead workers). Each message
+consumer ``worker_id`` of the stream's consumer group: ONE ``XREADGROUP``
+reads every stream of the claim, and each stream's message is tried in
+priority order before that stream's database fallback; the answer names the
+real message id (``source: "stream"``). A claim first *settles* what the
+worker already holds: messages taken over (``XAUTOCLAIM``) from consumers
+idle too long (dead workers), and its own pending messages when it may hold
+some (its first claim in this process, a message a claim left pending, else
+every ``settle_interval_seconds``): reports acknowledge their messages right
+away, so this read is mostly skipped. Each message
 is decided by the database alone, through the claim it asks for:
 
 ========================================  ======================================
@@ -46,13 +51,11 @@ at the job's concurrency limit            kept pending, tried again next claim
 Acknowledgement (decision): **the control plane acks on the worker's
 behalf**, never the worker. Workers speak HTTP only (the contract's "no
 inbound ports", and ``trace-lite worker`` is unchanged by the transport),
-so they hold no Redis connection or credentials; and an ack that follows
-the database guarantees the contract's rule ("acked only after the final
-state, or the requeue or dead-letter, committed") however the worker or the
-control plane dies: a completion commits, and the message is acked when
-the worker's next claim (or, if it died, another worker's takeover) finds
-the job finished. A control plane killed between its commit and the ack
-leaves the message pending; its redelivery asks for a claim the database
+so they hold no Redis connection or credentials. A completion or failure
+report acknowledges its message right after the database committed it
+(:mod:`trace_core.api.report_acks`); the settling above is the safety net
+for what that ack missed (a control plane killed between its commit and the
+ack, Redis unreachable then): a redelivery asks for a claim the database
 refuses, so it is acknowledged without a second execution. ``ack: true`` in
 ``complete``/``fail`` answers keeps the contract's meaning ("the message may
 be acknowledged"); the control plane does it.
@@ -63,14 +66,17 @@ database alone (step 2), and waits on the database notifications.
 
 from __future__ import annotations
 
+import functools
 import logging
 import uuid
 from collections.abc import Awaitable
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Literal, Protocol, TypeVar, runtime_checkable
 
 import anyio
 
+from trace_core.dispatcher.bounded import BoundedMemo
 from trace_core.dispatcher.control import ClaimedTask
 from trace_core.dispatcher.runtimes import RuntimeKind
 from trace_core.dispatcher.service import Dispatcher
@@ -78,6 +84,7 @@ from trace_core.errors import InvalidInput, NotFound
 from trace_core.model import NotClaimedReason
 from trace_core.ports import StreamMessage, StreamTransport, StreamTransportUnavailable
 from trace_core.storage.ports import RuntimeRoute
+from trace_core.storage.scopes import per_statement_reads
 from trace_core.tasks import TASKS_CHANNEL
 
 __all__ = ["StreamClaim", "StreamClaimer", "WakeupReceiver"]
@@ -85,6 +92,9 @@ __all__ = ["StreamClaim", "StreamClaimer", "WakeupReceiver"]
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+_WORKERS = 65_536  # workers whose next read-back of pending messages is remembered
+_ALWAYS = datetime.min.replace(tzinfo=UTC)  # a read-back due now, whatever the clock says
 
 # Claims refused for these reasons settle the message for good: acknowledge it.
 _SETTLED = frozenset(
@@ -133,11 +143,19 @@ class StreamClaimer:
         wakeups_per_round: int = 32,
         fallback_scan: int = 16,
         recheck_seconds: float = 2.0,
+        settle_interval_seconds: float = 10.0,
     ) -> None:
         self.dispatcher = dispatcher
         self.wakeups_per_round = wakeups_per_round
         self.fallback_scan = fallback_scan
         self.recheck_seconds = recheck_seconds
+        self.settle_interval_seconds = settle_interval_seconds
+        """How often (on the Dispatcher's clock) a worker's own pending messages
+        are read back when nothing says it holds any."""
+        self._next_settle: BoundedMemo[str, datetime] = BoundedMemo(_WORKERS)
+        """Per worker: when its own pending messages are next read back. A
+        worker not in it (its first claim in this process, or the memo started
+        over) is read back at once."""
 
     def matchers(self, stream: str, field: str) -> list[Matcher]:
         """The runtimes (and operators) whose tasks go to ``stream``;
@@ -183,10 +201,9 @@ class StreamClaimer:
             if found is not None:
                 return found
         while True:
-            for stream, matchers in plan:
-                found = await self._claim_from(stream, matchers, worker_id)
-                if found is not None:
-                    return found
+            found = await self._look(plan, worker_id)
+            if found is not None:
+                return found
             remaining = deadline - anyio.current_time()
             if remaining <= 0:
                 return None
@@ -200,9 +217,11 @@ class StreamClaimer:
                     continue
             await subscription.wait(wait)
 
-    @property
+    @functools.cached_property
     def transport(self) -> StreamTransport | None:
-        """The Dispatcher's wake-up queue when it is a stream transport."""
+        """The Dispatcher's wake-up queue when it is a stream transport (looked
+        at once: a runtime-checkable protocol's check is not free, and the
+        Dispatcher's queue never changes)."""
         wakeups = self.dispatcher.wakeups
         return wakeups if isinstance(wakeups, StreamTransport) else None
 
@@ -217,14 +236,39 @@ class StreamClaimer:
     async def _settle(
         self, transport: StreamTransport, worker_id: str, streams: list[str]
     ) -> StreamClaim | None:
-        """Decide the messages ``worker_id`` holds (its own pending ones, and
-        those taken over from dead consumers); the first one whose job could be
-        claimed is answered, the rest stay pending until the next claim."""
-        own = await self._guarded(transport.pending(worker_id, streams)) or []
+        """Decide the messages ``worker_id`` holds: those taken over from dead
+        consumers (the transport spaces its sweeps), and its own pending ones
+        when it may have some (:meth:`_settle_due`); the first one whose job
+        could be claimed is answered, the rest stay pending for the next claim."""
         taken = await self._guarded(transport.take_over(worker_id, streams)) or []
+        own: list[StreamMessage] = []
+        if self._settle_due(worker_id):
+            read = await self._guarded(transport.pending(worker_id, streams))
+            if read is not None:
+                own = read
+                now = self.dispatcher.clock.now()
+                self._next_settle.put(
+                    worker_id, now + timedelta(seconds=self.settle_interval_seconds)
+                )
         # A takeover may return the worker's own messages too: decide each once.
         unique = {(m.stream, m.message_id): m for m in [*own, *taken]}
         return await self._take_first(list(unique.values()), worker_id, pending=True)
+
+    def _settle_due(self, worker_id: str) -> bool:
+        """Whether ``worker_id``'s own pending messages should be read back now.
+
+        Reports acknowledge their messages right away
+        (:mod:`~trace_core.api.report_acks`), so a worker mostly holds none:
+        only what a claim left pending (:meth:`_unsettled`), what a failed or
+        lost ack left (the interval), and what a previous control plane
+        process left (a worker's first claim here) are read back.
+        """
+        due = self._next_settle.get(worker_id)
+        return due is None or self.dispatcher.clock.now() >= due
+
+    def _unsettled(self, worker_id: str) -> None:
+        """``worker_id`` holds pending messages to decide: its next claim reads them back."""
+        self._next_settle.put(worker_id, _ALWAYS)
 
     async def _take_first(
         self, messages: list[StreamMessage], worker_id: str, *, pending: bool
@@ -237,7 +281,9 @@ class StreamClaimer:
         found: StreamClaim | None = None
         for message in messages:
             if found is not None:
-                break  # one job per claim: the rest stay pending for the next one
+                # One job per claim: the rest stay pending for the next one.
+                self._unsettled(worker_id)
+                break
             if message.job_id is None:
                 settled.append(message)
                 continue
@@ -259,6 +305,9 @@ class StreamClaimer:
                 await self._guarded(transport.dead_letter(message, str(reason)))
             elif reason in _SETTLED or (reason is NotClaimedReason.ALREADY_RUNNING and not pending):
                 settled.append(message)
+            elif reason is NotClaimedReason.CONCURRENCY_LIMIT:
+                self._unsettled(worker_id)  # tried again by the next claim
+            # else: a pending message of a running job, decided again on the interval
         await self._guarded(transport.ack(settled))
         return found
 
@@ -273,15 +322,43 @@ class StreamClaimer:
             return NotClaimedReason.NOT_FOUND
         return leases.refusal_reason(state)
 
-    async def _claim_from(
-        self, stream: str, matchers: list[Matcher], worker_id: str
+    async def _look(
+        self, plan: list[tuple[str, list[Matcher]]], worker_id: str
     ) -> StreamClaim | None:
+        """One look at every stream, in priority order: a new message of the
+        stream, else its database fallback. With a stream transport, ONE
+        ``XREADGROUP`` reads every stream; a stream's messages are tried before
+        its fallback and before any lower stream, and messages of lower streams
+        left untried stay pending for the next claim."""
+        transport = self.transport
+        messages: list[StreamMessage] = []
+        if transport is not None:
+            streams = [stream for stream, _ in plan]
+            messages = await self._guarded(transport.read(worker_id, streams, wait=0)) or []
+        for index, (stream, matchers) in enumerate(plan):
+            found = await self._claim_from(
+                stream, matchers, worker_id, [m for m in messages if m.stream == stream]
+            )
+            if found is not None:
+                lower = {s for s, _ in plan[index + 1 :]}
+                if any(m.stream in lower for m in messages):
+                    self._unsettled(worker_id)
+                return found
+        return None
+
+    async def _claim_from(
+        self,
+        stream: str,
+        matchers: list[Matcher],
+        worker_id: str,
+        messages: list[StreamMessage],
+    ) -> StreamClaim | None:
+        """A task of ``stream``: from its new transport ``messages``, else its
+        in-process wake-ups (without a transport), else the database fallback."""
         control = self.dispatcher.control
         wakeups = self.dispatcher.wakeups
-        transport = self.transport
-        if transport is not None:
-            messages = await self._guarded(transport.read(worker_id, [stream], wait=0))
-            found = await self._take_first(messages or [], worker_id, pending=False)
+        if self.transport is not None:
+            found = await self._take_first(messages, worker_id, pending=False)
             if found is not None:
                 return found
         elif isinstance(wakeups, WakeupReceiver):
@@ -300,5 +377,5 @@ class StreamClaimer:
 
     async def _queued(self, matchers: list[Matcher]) -> list[uuid.UUID]:
         """The oldest queued tasks of the jobs routed to one stream, in claim order."""
-        async with self.dispatcher.repo.read() as tx:
+        async with per_statement_reads(self.dispatcher.repo) as tx:
             return await tx.tasks.oldest_queued(matchers, limit=self.fallback_scan)

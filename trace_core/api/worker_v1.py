@@ -35,6 +35,14 @@ again. A report that contradicts the recorded outcome of the same attempt
 request (400) carries no ``ack``: the worker must fix the call; the lease
 expires and the reaper retries the job meanwhile.
 
+The message (decision): complete and fail send back the ``stream`` and
+``message_id`` their claim answered. When a stream message delivered the
+attempt (its record names it), a report naming another one answers **409**
+``{"ok": false, "ack": false, "error": "wrong_message"}`` and nothing changes:
+it is a worker's bug, and acknowledging the named message could drop another
+job's. Database-fallback and in-process claims answer an opaque
+``message_id`` (no message exists); it is not checked.
+
 The lease holder (decision): heartbeat, complete and fail name a
 ``worker_id``; another worker than the one the attempt was claimed by gets
 **409** ``{"ok": false, "ack": false, "error": "wrong_worker"}`` and nothing
@@ -62,6 +70,8 @@ from trace_core.api.internal import to_events
 from trace_core.api.models import WorkerRefusal
 from trace_core.api.reports import (
     NotLeaseHolder,
+    WrongMessage,
+    check_message,
     complete_attempt,
     fail_attempt,
     holder_attempt,
@@ -85,7 +95,11 @@ __all__ = ["worker_router"]
 
 _REFUSALS: dict[int | str, dict[str, Any]] = {
     404: answer_doc("No such job", WorkerRefusal),
-    409: answer_doc("Stale attempt or lease, or a contradicting report", WorkerRefusal),
+    409: answer_doc(
+        "Stale attempt or lease, a contradicting report, another worker's attempt, "
+        "or another stream message than the attempt's",
+        WorkerRefusal,
+    ),
 }
 
 
@@ -101,6 +115,9 @@ def _refused(exc: Exception) -> JSONResponse:
     if isinstance(exc, NotLeaseHolder):
         # Not this worker's message to acknowledge: the holder's report decides.
         return _refusal(409, "wrong_worker", exc, ack=False)
+    if isinstance(exc, WrongMessage):
+        # The named message did not deliver this attempt: nothing says it may go.
+        return _refusal(409, "wrong_message", exc, ack=False)
     if isinstance(exc, StaleClaim):
         return _refusal(409, "stale", exc)
     return _refusal(409, "invalid_transition", exc)
@@ -150,10 +167,10 @@ def worker_router(dispatcher: Dispatcher, claimer: StreamClaimer, *, max_wait_ms
         """Extend the lease the token names (of ``attempt_id``, if given), for
         the worker the attempt was claimed by."""
         try:
-            attempt = await holder_attempt(
+            held = await holder_attempt(
                 dispatcher, request.job_id, request.attempt_id, request.worker_id
             )
-            fence = Fence(request.job_id, attempt, request.lease_token)
+            fence = Fence(request.job_id, held.number, request.lease_token)
             expires = await control.heartbeat(fence)
         except _REFUSED as exc:
             return _refused(exc)
@@ -166,16 +183,18 @@ def worker_router(dispatcher: Dispatcher, claimer: StreamClaimer, *, max_wait_ms
         the attempt's record) and complete the job."""
         events = to_events(request.result.events, "result.events")
         try:
-            attempt = await holder_attempt(
+            held = await holder_attempt(
                 dispatcher, request.job_id, request.attempt_id, request.worker_id
             )
-            fence = Fence(request.job_id, attempt, request.lease_token)
+            check_message(held, request.stream, request.message_id)
+            fence = Fence(request.job_id, held.number, request.lease_token)
             done = await complete_attempt(
                 dispatcher,
                 fence,
                 events=events,
                 outputs=request.result.outputs,
                 result=request.result.kept(),
+                record=held.record,
             )
         except _REFUSED as exc:
             return _refused(exc)
@@ -187,16 +206,18 @@ def worker_router(dispatcher: Dispatcher, claimer: StreamClaimer, *, max_wait_ms
         the error is kept structured on the attempt's record."""
         error = request.error
         try:
-            attempt = await holder_attempt(
+            held = await holder_attempt(
                 dispatcher, request.job_id, request.attempt_id, request.worker_id
             )
-            fence = Fence(request.job_id, attempt, request.lease_token)
+            check_message(held, request.stream, request.message_id)
+            fence = Fence(request.job_id, held.number, request.lease_token)
             failed = await fail_attempt(
                 dispatcher,
                 fence,
                 f"{error.code}: {error.message}",
                 retryable=error.retryable,
                 detail=error.model_dump(mode="json"),
+                record=held.record,
             )
         except _REFUSED as exc:
             return _refused(exc)

@@ -225,8 +225,9 @@ class TaskControl:
         """Note on the attempt record which stream message delivered it (the v1
         contract's ``stream``), while the attempt runs; whether it wrote. A
         separate write after the claim: if it is lost, the attempt only lacks
-        the note."""
-        async with self.repo.transaction() as tx:
+        the note. One statement, atomic by itself: no ``BEGIN``/``COMMIT``
+        round trips on Postgres."""
+        async with self.repo.statement() as tx:
             return await tx.attempts.set_transport_if_running(
                 task_id, attempt, stream=stream, message_id=message_id
             )

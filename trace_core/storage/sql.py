@@ -71,7 +71,7 @@ from trace_core.wakeup import Subscription, WakeupHub
 
 if TYPE_CHECKING:
     from trace_core.storage.pg_direct import DirectPool
-    from trace_core.storage.sqlite_direct import DirectScope, SqliteDirect
+    from trace_core.storage.sqlite_direct import DirectScope, FollowUp, SqliteDirect
 
 __all__ = ["SqlRepository", "SqlTransaction", "as_sql"]
 
@@ -147,6 +147,21 @@ class SqlTransaction:
             return await self._sqlite.execute(stmt, params)
         conn = await self._connection()
         return await conn.execute(stmt, params)
+
+    async def _execute_then(
+        self, stmt: sa.Executable, params: Any, then: FollowUp
+    ) -> Sequence[Any]:
+        """The rows of ``stmt``, after which the statement ``then`` builds from
+        them (if any) runs in the same transaction. In a SQLite statement scope
+        both go in one thread hop (:meth:`DirectScope.execute_then
+        <trace_core.storage.sqlite_direct.DirectScope.execute_then>`)."""
+        if self._sqlite is not None:
+            return (await self._sqlite.execute_then(stmt, params, then)).all()
+        rows: Sequence[Any] = (await self._execute(stmt, params)).all()
+        follow = then(rows)
+        if follow is not None:
+            await self._execute(*follow)
+        return rows
 
     async def release(self) -> None:
         """Close a connection a direct scope opened on demand."""
@@ -316,17 +331,24 @@ class SqlTransaction:
         if opens_in_claim:
             assert isinstance(stmt, sa.Update)
             stmt = _opening(stmt)
+        attempt_ids: dict[uuid.UUID, uuid.UUID] = {}
         with translate_errors(f"claim {queue.name}"):
-            rows = await self._fetch(stmt, params)
+            if records and not opens_in_claim:
+                # SQLite: the attempt rows (their ids made here) go in the claim's hop.
+                def opening(claimed: Sequence[Any]) -> tuple[sa.Executable, Any] | None:
+                    if not claimed:
+                        return None
+                    pairs = [(row[0], row[1]) for row in claimed]
+                    stmt, rows, opened = self.attempts.opening(pairs, worker_id=worker_id, now=now)
+                    attempt_ids.update(opened)
+                    return stmt, rows
+
+                rows = await self._execute_then(stmt, params, opening)
+            else:
+                rows = await self._fetch(stmt, params)
         if opens_in_claim:
             attempt_ids = {row[0]: row[-1] for row in rows}
             rows = [row[:-1] for row in rows]
-        elif records:
-            attempt_ids = await self.attempts.open(
-                [(row[0], row[1]) for row in rows], worker_id=worker_id, now=now
-            )
-        else:
-            attempt_ids = {}
         qt = self._stmts.table(queue)
         data_keys = [col.key for col in qt.data]
         return [
@@ -389,15 +411,14 @@ class SqlTransaction:
         with translate_errors(f"{queue.name} -> {target}"):
             if self.engine_name == "postgres":
                 return bool(await self._fetch(_closing(stmt), params | ending))
-            ended = bool(await self._fetch(stmt, params))
-        if not ended:
-            return False
-        await self.attempts.close(
-            [(_uuid(fence.item_id), fence.attempt)],
-            status=ending["a_status"],
-            now=now,
-        )
-        return True
+            # SQLite: the attempt's record closes in the same hop as the task row.
+            close_record = self.attempts.closing(
+                [(_uuid(fence.item_id), fence.attempt)], status=ending["a_status"], now=now
+            )
+            ended = await self._execute_then(
+                stmt, params, lambda rows: close_record if rows else None
+            )
+        return bool(ended)
 
     async def complete_many(
         self,
@@ -416,16 +437,22 @@ class SqlTransaction:
             assert isinstance(stmt, sa.Update)
             stmt = _completing_many(stmt)
             params |= closing_params("Completed", now, None)
+
+        def done_of(rows: Sequence[Any]) -> set[ItemId]:
+            return {row[0] for row in rows} if ids is None else {ids[row[0]] for row in rows}
+
+        def closing(rows: Sequence[Any]) -> tuple[sa.Executable, Any] | None:
+            done = done_of(rows)
+            ended = [(_uuid(f.item_id), f.attempt) for f in fences if f.item_id in done]
+            return self.attempts.closing(ended, status="Completed", now=now) if ended else None
+
         with translate_errors(f"complete {queue.name}"):
-            rows = await self._fetch(stmt, params | {"now": now})
-        done = {row[0] for row in rows} if ids is None else {ids[row[0]] for row in rows}
-        if records and self.engine_name != "postgres":
-            await self.attempts.close(
-                [(_uuid(f.item_id), f.attempt) for f in fences if f.item_id in done],
-                status="Completed",
-                now=now,
-            )
-        return done
+            if records and self.engine_name != "postgres":
+                # SQLite: the attempts' records close in the completion's hop.
+                rows = await self._execute_then(stmt, params | {"now": now}, closing)
+            else:
+                rows = await self._fetch(stmt, params | {"now": now})
+        return done_of(rows)
 
     async def fail(
         self,

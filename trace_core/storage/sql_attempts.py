@@ -9,7 +9,10 @@ open and close attempt rows together with the task row's change:
   scope), where a second statement would not be atomic with the first, and
   one statement also keeps the claim at one round trip;
 - on SQLite every scope is a write transaction (``BEGIN IMMEDIATE``), so the
-  attempt rows are written by a second statement in the same transaction.
+  attempt rows are written by a second statement in the same transaction,
+  built here (:meth:`SqlAttemptOps.opening`, :meth:`SqlAttemptOps.closing`:
+  the attempt ids are made by the client) and sent in the same thread hop as
+  the claim's or the finishing statement.
 """
 
 from __future__ import annotations
@@ -89,6 +92,26 @@ def claim_opening_attempts(claim: sa.Update) -> sa.Select[Any]:
     )
 
 
+@functools.cache
+def _setting_transport() -> sa.Update:
+    """Note the delivering message on a running attempt (one cached statement:
+    every stream claim runs it, on the driver directly on Postgres)."""
+    a = schema.job_attempts
+    return (
+        sa.update(a)
+        .where(
+            a.c.task_id == sa.bindparam("t_task", type_=a.c.task_id.type),
+            a.c.attempt == sa.bindparam("t_attempt", type_=sa.Integer()),
+            a.c.status == "Running",
+        )
+        .values(
+            stream=sa.bindparam("t_stream", type_=sa.Text()),
+            message_id=sa.bindparam("t_message", type_=sa.Text()),
+        )
+        .returning(a.c.attempt_id)
+    )
+
+
 def _closing_values() -> dict[str, Any]:
     a = schema.job_attempts
     return {
@@ -161,13 +184,13 @@ class SqlAttemptOps(SqlArea):
     async def set_transport_if_running(
         self, task_id: uuid.UUID, attempt: int, *, stream: str, message_id: str
     ) -> bool:
-        a = schema.job_attempts
-        stmt = (
-            sa.update(a)
-            .where(a.c.task_id == task_id, a.c.attempt == attempt, a.c.status == "Running")
-            .values(stream=stream, message_id=message_id)
-        )
-        return await self._count("attempt transport", stmt) > 0
+        params = {
+            "t_task": task_id,
+            "t_attempt": attempt,
+            "t_stream": stream,
+            "t_message": message_id,
+        }
+        return bool(await self._fixed_rows("attempt transport", _setting_transport(), params))
 
     async def set_result_if_ended(
         self, task_id: uuid.UUID, attempt: int, *, status: str, result: Mapping[str, Any]
@@ -198,13 +221,13 @@ class SqlAttemptOps(SqlArea):
 
     # --- for the ownership protocol (not in the port) ------------------------
 
-    async def open(
+    def opening(
         self, claimed: Sequence[tuple[uuid.UUID, int]], *, worker_id: str, now: datetime
-    ) -> dict[uuid.UUID, uuid.UUID]:
-        """Open (or reopen) the rows of the claimed ``(task_id, attempt)`` pairs;
-        the new ``attempt_id`` of each task."""
-        if not claimed:
-            return {}
+    ) -> tuple[sa.Executable, list[dict[str, Any]], dict[uuid.UUID, uuid.UUID]]:
+        """The statement and parameter sets that open (or reopen) the rows of the
+        claimed ``(task_id, attempt)`` pairs, and the new ``attempt_id`` of each
+        task, made here: the caller may send the statement in the same step as
+        the claim's (:meth:`~trace_core.storage.sql.SqlTransaction.claim`)."""
         a = schema.job_attempts
         dialect = postgresql if self.engine_name == "postgres" else sqlite
         opened = {task_id: uuid.uuid4() for task_id, _ in claimed}
@@ -222,8 +245,42 @@ class SqlAttemptOps(SqlArea):
             }
             for task_id, attempt in claimed
         ]
-        await self._run("open attempts", _upsert(dialect.insert(a)), rows)
+        return _upsert(dialect.insert(a)), rows, opened
+
+    async def open(
+        self, claimed: Sequence[tuple[uuid.UUID, int]], *, worker_id: str, now: datetime
+    ) -> dict[uuid.UUID, uuid.UUID]:
+        """Open (or reopen) the rows of the claimed ``(task_id, attempt)`` pairs;
+        the new ``attempt_id`` of each task."""
+        if not claimed:
+            return {}
+        stmt, rows, opened = self.opening(claimed, worker_id=worker_id, now=now)
+        await self._run("open attempts", stmt, rows)
         return opened
+
+    @staticmethod
+    def closing(
+        ended: Sequence[tuple[uuid.UUID, int]],
+        *,
+        status: str,
+        now: datetime,
+        error: Mapping[str, Any] | None = None,
+    ) -> tuple[sa.Executable, list[dict[str, Any]]]:
+        """The statement and parameter sets that close the rows of the ended
+        ``(task_id, attempt)`` pairs (see :meth:`close`), for a caller that
+        sends it in the same step as the statement that ended them."""
+        a = schema.job_attempts
+        stmt = (
+            sa.update(a)
+            .where(
+                a.c.task_id == sa.bindparam("k_task", type_=a.c.task_id.type),
+                a.c.attempt == sa.bindparam("k_attempt", type_=sa.Integer()),
+            )
+            .values(_closing_values())
+        )
+        base = closing_params(status, now, error)
+        params = [base | {"k_task": task_id, "k_attempt": attempt} for task_id, attempt in ended]
+        return stmt, params
 
     async def close(
         self,
@@ -237,17 +294,7 @@ class SqlAttemptOps(SqlArea):
         (and ``error``, when given)."""
         if not ended:
             return
-        a = schema.job_attempts
-        stmt = (
-            sa.update(a)
-            .where(
-                a.c.task_id == sa.bindparam("k_task", type_=a.c.task_id.type),
-                a.c.attempt == sa.bindparam("k_attempt", type_=sa.Integer()),
-            )
-            .values(_closing_values())
-        )
-        base = closing_params(status, now, error)
-        params = [base | {"k_task": task_id, "k_attempt": attempt} for task_id, attempt in ended]
+        stmt, params = self.closing(ended, status=status, now=now, error=error)
         await self._run("close attempts", stmt, params)
 
     async def close_running(

@@ -14,9 +14,10 @@ runs on an anyio worker thread, in one hop each:
 - every later statement, its rows fetched;
 - ``COMMIT`` (or ``ROLLBACK``) and the return to the pool.
 
-A claim or a completion of tasks is three hops (the claim, then its attempt
-records, which Postgres writes in the claim's own statement), a one-task
-enqueue with its wake-up row three.
+A claim or a completion of tasks is two hops: the attempt records (which
+Postgres writes in the claim's own statement) are a second statement sent in
+the claim's or the completion's hop (:meth:`DirectScope.execute_then`); a
+one-task enqueue with its wake-up row is three.
 Statements run through the sync :meth:`sqlalchemy.engine.Connection.execute`,
 so ad hoc statements, executemany and ``RETURNING`` behave, and fail, exactly
 as through the async path: the same compiled SQL, bind and result processors,
@@ -27,7 +28,7 @@ and SQLAlchemy's own error wrapping for
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import anyio
@@ -39,7 +40,11 @@ from trace_core.errors import ConfigurationError
 from trace_core.storage.engine import EngineSettings, create_sqlite_sync_engine
 from trace_core.storage.url import DatabaseURL
 
-__all__ = ["BufferedResult", "DirectScope", "SqliteDirect"]
+__all__ = ["BufferedResult", "DirectScope", "FollowUp", "SqliteDirect"]
+
+FollowUp = Callable[[Sequence[sa.Row[Any]]], tuple[sa.Executable, Any] | None]
+"""Builds, from a statement's fetched rows, the statement (and its parameters)
+to send right after it in the same step, or ``None`` for none."""
 
 
 class BufferedResult:
@@ -149,15 +154,38 @@ class DirectScope:
 
     def _execute(self, stmt: sa.Executable, params: Any) -> BufferedResult:
         with self._lock:
-            if self._finished:
-                # Only an abandoned step that ran after the scope ended gets here.
-                raise ConfigurationError("the statement scope has ended")
-            conn = self._conn
-            if conn is None:
-                conn = self._conn = self._engine.connect()
-            # The first execute begins the transaction: the engine's begin hook
-            # issues BEGIN IMMEDIATE, in this same hop.
-            return BufferedResult(conn.execute(stmt, params))
+            return self._statement(stmt, params)
+
+    def _statement(self, stmt: sa.Executable, params: Any) -> BufferedResult:
+        """One statement on the scope's connection; the caller holds ``_lock``."""
+        if self._finished:
+            # Only an abandoned step that ran after the scope ended gets here.
+            raise ConfigurationError("the statement scope has ended")
+        conn = self._conn
+        if conn is None:
+            conn = self._conn = self._engine.connect()
+        # The first execute begins the transaction: the engine's begin hook
+        # issues BEGIN IMMEDIATE, in this same hop.
+        return BufferedResult(conn.execute(stmt, params))
+
+    async def execute_then(
+        self, stmt: sa.Executable, params: Any, then: FollowUp
+    ) -> BufferedResult:
+        """Run ``stmt``, then the statement ``then`` builds from its fetched
+        rows (if any), in ONE thread hop; ``stmt``'s result. ``then`` runs on
+        the worker thread: it must only compute (no I/O, no awaiting)."""
+        self._started = True
+        return await anyio.to_thread.run_sync(
+            self._execute_then, stmt, params, then, limiter=self._limiter
+        )
+
+    def _execute_then(self, stmt: sa.Executable, params: Any, then: FollowUp) -> BufferedResult:
+        with self._lock:
+            first = self._statement(stmt, params)
+            follow = then(first.all())
+            if follow is not None:
+                self._statement(*follow)
+            return first
 
     async def finish(self, *, commit: bool) -> None:
         """Commit (or roll back) and return the connection to the pool, in one
