@@ -191,7 +191,7 @@ def _one(
     args: argparse.Namespace, dbs: Databases, run: int, transport: str, scratch: Path, redis: Any
 ) -> dict[str, Any]:
     url = dbs.fresh(f"streams{run}{transport}")
-    anyio.run(_deploy, url)
+    anyio.run(_deploy, url, "internal")  # the ecs_platform DAG: its stream is STREAM
     extra: list[str] = []
     if transport == "redis":
         redis.restart()  # empty streams for each run
