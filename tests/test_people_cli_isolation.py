@@ -16,27 +16,12 @@ from pathlib import Path
 import anyio
 import pytest
 
+from tests.test_cli import MANUAL_DAG
+from tests.test_people_cli import _run
 from trace_core.storage.ports import NewLineageEdge
 from trace_core.storage.sql import SqlRepository
-from trace_lite.cli import main
 
-OPS = """
-dag: ops
-jobs:
-  - name: kick
-    activation: source
-    runtime: ecs_platform
-    operator: block_follower
-    source: { kind: manual }
-    outputs: [ { dataset: kicks } ]
-  - name: react
-    activation: reactive
-    runtime: ecs_platform
-    operator: range_aggregator
-    execution_strategy: PerUpdate
-    inputs: [ { from: { dataset: kicks } } ]
-    outputs: [ { dataset: reacted } ]
-"""
+OPS = MANUAL_DAG
 B_ONLY = """
 dag: bonly
 jobs:
@@ -50,12 +35,6 @@ jobs:
 B = "acme"
 B_NAMES = ("bonly", "bkick", "bkicks", "bella")
 _UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
-
-
-def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 async def _org_state(url: str, org: str) -> dict[str, object]:
