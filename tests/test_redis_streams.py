@@ -70,14 +70,15 @@ async def _claim(api: Api, worker: str = "w1", wait_ms: int = 0) -> dict[str, An
     return body
 
 
+def _fence(claimed: dict[str, Any], worker: str = "w1") -> dict[str, Any]:
+    """The fields every v1 report of the claimed attempt carries."""
+    keys = ("job_id", "attempt_id", "lease_token", "stream", "message_id")
+    return {"worker_id": worker, **{k: claimed[k] for k in keys}}
+
+
 async def _complete(api: Api, claimed: dict[str, Any], worker: str = "w1") -> None:
     report = {
-        "worker_id": worker,
-        "job_id": claimed["job_id"],
-        "attempt_id": claimed["attempt_id"],
-        "lease_token": claimed["lease_token"],
-        "stream": claimed["stream"],
-        "message_id": claimed["message_id"],
+        **_fence(claimed, worker),
         "result": {"events": []},
     }
     response = await api.client.post("/internal/worker/complete", json=report)
@@ -143,14 +144,7 @@ async def test_a_report_naming_another_message_is_409_and_changes_nothing(
 ) -> None:
     task_id = await _trigger(api, "run-1")
     claimed = await _claim(api)
-    base = {
-        "worker_id": "w1",
-        "job_id": claimed["job_id"],
-        "attempt_id": claimed["attempt_id"],
-        "lease_token": claimed["lease_token"],
-        "stream": claimed["stream"],
-        "message_id": claimed["message_id"],
-    }
+    base = _fence(claimed)
     wrong = [
         ("complete", {"message_id": "1-0", "result": {"events": []}}),
         ("complete", {"stream": DOWNSTREAM}),
@@ -275,12 +269,7 @@ async def test_a_dead_lettered_job_gets_a_dlq_message(api: Api, streams: RedisSt
     task_id = await _trigger(api, "run-1")
     claimed = await _claim(api)
     report = {
-        "worker_id": "w1",
-        "job_id": claimed["job_id"],
-        "attempt_id": claimed["attempt_id"],
-        "lease_token": claimed["lease_token"],
-        "stream": claimed["stream"],
-        "message_id": claimed["message_id"],
+        **_fence(claimed),
         "error": {"code": "bad", "message": "no", "retryable": False},
     }
     response = await api.client.post("/internal/worker/fail", json=report)
@@ -303,12 +292,7 @@ async def test_a_retryable_failure_acks_its_message_and_the_retry_sends_a_new_on
     task_id = await _trigger(api, "run-1")
     claimed = await _claim(api)
     report = {
-        "worker_id": "w1",
-        "job_id": claimed["job_id"],
-        "attempt_id": claimed["attempt_id"],
-        "lease_token": claimed["lease_token"],
-        "stream": claimed["stream"],
-        "message_id": claimed["message_id"],
+        **_fence(claimed),
         "error": {"code": "flaky", "message": "try again", "retryable": True},
     }
     response = await api.client.post("/internal/worker/fail", json=report)

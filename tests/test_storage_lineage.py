@@ -136,16 +136,12 @@ async def test_recording_a_version_again_replaces_its_lineage(
     ]
 
 
-async def test_a_rematerialization_records_its_own_and_reads_answer_the_current_version(
+async def _record_building_alerts(
     repo: SqlRepository, clock: ManualClock
-) -> None:
-    await chain(repo, clock)
-    org = stable_id("org", "acme")
-    async with repo.transaction() as tx:
-        await tx.deploy.set_current_version(
-            org, "dex", stable_id("dag", "acme", "dex", "current"), now=clock.now()
-        )
-    # a new DAG version builds a new version of alerts, with another operator
+) -> tuple[uuid.UUID, uuid.UUID]:
+    """A new DAG version builds a new version of alerts, with another operator,
+    and records its lineage: ``alerts.level`` ← ``range_aggregates.failed_count``.
+    Returns (that dataset version, its producing job)."""
     building = await build_dag(repo, clock.now(), [CHAIN[2]], status="building")
     new = version("alerts", "building")
     async with repo.transaction() as tx:
@@ -155,6 +151,19 @@ async def test_a_rematerialization_records_its_own_and_reads_answer_the_current_
             [NewLineageEdge("level", ds("range_aggregates"), "failed_count", "IDENTITY")],
             dataset_version=new,
         )
+    return new, building["alerts"]
+
+
+async def test_a_rematerialization_records_its_own_and_reads_answer_the_current_version(
+    repo: SqlRepository, clock: ManualClock
+) -> None:
+    await chain(repo, clock)
+    org = stable_id("org", "acme")
+    async with repo.transaction() as tx:
+        await tx.deploy.set_current_version(
+            org, "dex", stable_id("dag", "acme", "dex", "current"), now=clock.now()
+        )
+    new, building_job = await _record_building_alerts(repo, clock)
 
     def edges(rows: list[LineageRow]) -> set[tuple[str, str, uuid.UUID | None]]:
         return {(r.output_column, r.input_column, r.dataset_version) for r in rows}
@@ -180,7 +189,7 @@ async def test_a_rematerialization_records_its_own_and_reads_answer_the_current_
         )
         down = await tx.lineage.downstream(ds("range_aggregates"), "failed_count")
     assert edges(current) == {("level", "failed_count", new)}
-    assert {r.job_id for r in current} == {building["alerts"]}
+    assert {r.job_id for r in current} == {building_job}
     assert edges(older) == old  # the old version's lineage was not overwritten
     assert {(r.output_name, r.output_column) for r in down} == {("alerts", "level")}
 
@@ -324,15 +333,7 @@ async def test_the_cli_shows_kinds_and_reads_an_asked_version(
     repo: SqlRepository, clock: ManualClock
 ) -> None:
     await chain(repo, clock)
-    building = await build_dag(repo, clock.now(), [CHAIN[2]], status="building")
-    new = version("alerts", "building")
-    async with repo.transaction() as tx:
-        await tx.lineage.record(
-            ds("alerts"),
-            building["alerts"],
-            [NewLineageEdge("level", ds("range_aggregates"), "failed_count", "IDENTITY")],
-            dataset_version=new,
-        )
+    new, _ = await _record_building_alerts(repo, clock)
 
     def args(*extra: str) -> argparse.Namespace:
         parser = argparse.ArgumentParser()
