@@ -171,7 +171,8 @@ async def test_rewrap_moves_every_blob_in_batches_and_is_idempotent(
         stored = await tx.inbox_credentials.read(tampered)
     assert stored is not None and stored.sealed is not None
     async with repo.transaction() as tx:  # a blob that does not open stays as it is
-        bad = dataclasses.replace(stored.sealed, encrypted=stored.sealed.encrypted[:-1] + b"\x00")
+        flipped = stored.sealed.encrypted[:-1] + bytes([stored.sealed.encrypted[-1] ^ 1])
+        bad = dataclasses.replace(stored.sealed, encrypted=flipped)
         assert await tx.inbox_credentials.rewrap_if_unchanged(
             tampered, credential_version=0, kek_id="k1", sealed=bad, now=clock.now()
         )

@@ -10,7 +10,6 @@ second JVM); the client is a real Connect session over gRPC on loopback.
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import os
 import shutil
@@ -246,19 +245,8 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-@pytest.fixture(scope="session")
-def connect_session(spark_provider: SparkSessionProvider) -> Iterator[ConnectSession]:
-    """A Spark Connect session whose server runs in the tests' classic JVM."""
-    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
-        pytest.skip("no Java: a Spark Connect server needs a JVM")
-    classic = spark_provider.get()
-    jvm: Any = classic._jvm
-    context = classic._jsc.sc()  # type: ignore[union-attr]
-    port = _free_port()
-    context.conf().set("spark.connect.grpc.binding.address", "127.0.0.1")
-    context.conf().set("spark.connect.grpc.binding.port", str(port))
-    service = jvm.org.apache.spark.sql.connect.service.SparkConnectService
-    service.start(context)
+def _connect_client_available() -> None:
+    """Skip unless the Spark Connect client's dependencies import."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # pyspark's pandas version notice
         import pyspark.testing.utils as checks
@@ -272,17 +260,76 @@ def connect_session(spark_provider: SparkSessionProvider) -> Iterator[ConnectSes
             pytest.skip(
                 f"the Spark Connect client cannot run: {checks.connect_requirement_message}"
             )
-        from pyspark.sql.connect.session import SparkSession as Remote
 
-        session = Remote.builder.remote(f"sc://127.0.0.1:{port}").create()
+
+class _ConnectServer:
+    """A Spark Connect server in the classic session's JVM, and a client session of it.
+
+    Another test may stop or kill the process's JVM (``own_spark_provider``)
+    between two tests of this module, so the server follows the classic
+    session: a new JVM gets a new server. A client whose server died is only
+    closed: releasing its session would retry against the dead port for ten
+    minutes.
+    """
+
+    def __init__(self) -> None:
+        self._classic: SparkSession | None = None
+        self._service: Any = None
+        self._remote: ConnectSession | None = None
+
+    def session_for(self, classic: SparkSession) -> ConnectSession:
+        """The client session of a server in ``classic``'s JVM, started if needed."""
+        if self._remote is not None and classic is self._classic:
+            return self._remote
+        self.close(server_alive=False)
+        context = classic._jsc.sc()  # type: ignore[union-attr]
+        port = _free_port()
+        context.conf().set("spark.connect.grpc.binding.address", "127.0.0.1")
+        context.conf().set("spark.connect.grpc.binding.port", str(port))
+        service = classic._jvm.org.apache.spark.sql.connect.service.SparkConnectService  # type: ignore[union-attr]
+        service.start(context)
+        self._classic, self._service = classic, service
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # pyspark's pandas version notice
+            from pyspark.sql.connect.session import SparkSession as Remote
+
+            self._remote = Remote.builder.remote(f"sc://127.0.0.1:{port}").create()
+        return self._remote
+
+    def close(self, *, server_alive: bool) -> None:
+        """Close the client (releasing its session only on a live server), then the server."""
+        remote, self._remote = self._remote, None
+        if remote is None:
+            return
+        remote.release_session_on_close = server_alive
+        remote.stop()
+        if server_alive:
+            jvm: Any = self._classic._jvm  # type: ignore[union-attr]
+            self._service.stop(jvm.scala.Option.empty(), jvm.scala.Option.empty())
+
+
+@pytest.fixture(scope="session")
+def _connect_server(spark_provider: SparkSessionProvider) -> Iterator[_ConnectServer]:
+    server = _ConnectServer()
     try:
-        yield session
+        yield server
     finally:
-        session.stop()
-        none = jvm.scala.Option.empty()
-        # a later test may have stopped the shared JVM already
-        with contextlib.suppress(Exception):
-            service.stop(none, none)
+        # Torn down before the provider (it depends on it): the JVM is the
+        # server's only if the provider still runs the session it was started in.
+        alive = spark_provider.started and spark_provider.get() is server._classic
+        server.close(server_alive=alive)
+
+
+@pytest.fixture
+def connect_session(
+    spark_provider: SparkSessionProvider, _connect_server: _ConnectServer
+) -> ConnectSession:
+    """A Spark Connect session whose server runs in the tests' classic JVM."""
+    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+        pytest.skip("no Java: a Spark Connect server needs a JVM")
+    classic = spark_provider.get()
+    _connect_client_available()
+    return _connect_server.session_for(classic)
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

@@ -67,7 +67,9 @@ def test_envelopes_open_only_under_their_key_and_context() -> None:
     assert kek.open(sealed, "org:1/credential:a") == b"secret"
     assert b"secret" not in sealed.ciphertext and "secret" not in repr(sealed)
     assert kek.seal(b"secret", "org:1/credential:a") != sealed  # a fresh data key each time
-    tampered = type(sealed)(sealed.wrapped_key, sealed.ciphertext[:-1] + b"\0")
+    tampered = type(sealed)(
+        sealed.wrapped_key, sealed.ciphertext[:-1] + bytes([sealed.ciphertext[-1] ^ 1])
+    )
     for envelope, context in (
         (sealed, "org:2/credential:a"),  # moved to another record
         (tampered, "org:1/credential:a"),
