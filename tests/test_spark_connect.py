@@ -26,6 +26,7 @@ from tests.spark_fixtures import TEST_JVM_OPTIONS
 from tests.test_lineage_pipeline import alerts_upstream, expected_alerts_upstream
 from trace_core.storage.sql import SqlRepository
 from trace_lite.buffered import table_name_of
+from trace_lite.spark import SparkConfig, SparkSessionProvider
 from trace_lite.status import dataset_statuses
 
 BLOCKS, SIZE = 600, 300
@@ -158,3 +159,14 @@ def test_a_closed_spark_connect_session_is_replaced(connect_url: str) -> None:
     assert done.stdout.split() == ["4"]
     assert "the Spark Connect session is closed; starting a new one" in done.stderr
     assert connect_url not in done.stderr  # the URL may carry a token: never logged
+
+
+def test_an_unreachable_connect_url_fails_at_once_naming_host_and_port() -> None:
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    provider = SparkSessionProvider(SparkConfig(remote=f"sc://127.0.0.1:{port}/;token=s3cret"))
+    with pytest.raises(ConnectionError, match=f"127.0.0.1:{port}") as raised:
+        provider.get()
+    assert "s3cret" not in str(raised.value)
+    assert not provider.started

@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import socket
 import threading
+import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -128,7 +130,9 @@ class SparkSessionProvider:
             if session is None:
                 return
             death = self._death(session)
-            if death is None:
+            if self.config.remote is not None:
+                _stop_remote(session)
+            elif death is None:
                 session.stop()
             else:
                 self._forget(session, death)
@@ -138,6 +142,7 @@ class SparkSessionProvider:
 
         builder = SparkSession.builder.appName(self.config.app_name)
         if self.config.remote is not None:
+            _probe_connect_server(self.config.remote)
             builder = builder.remote(self.config.remote)
         else:
             builder = builder.master(self.config.master)
@@ -162,9 +167,47 @@ class SparkSessionProvider:
     def _forget(self, session: SparkSession, death: _Death) -> None:
         """Drop a dead session without waiting on the JVM it ran on."""
         if self.config.remote is not None:
-            session.stop()  # best effort, no error; clears the default and active session
+            _stop_remote(session)
         else:
             _forget_classic(session, death)
+
+
+_CONNECT_DEFAULT_PORT = 15002
+_CONNECT_PROBE_TIMEOUT_S = 10.0
+
+
+def _probe_connect_server(remote: str) -> None:
+    """Fail at once, naming host and port, when nothing listens at ``remote``.
+
+    The Spark Connect client retries its first call for about ten minutes
+    before it reports an unreachable server; a wrong URL should say so now.
+    Only host and port are named: the URL may carry a token.
+    """
+    parsed = urllib.parse.urlparse(remote)
+    if parsed.scheme != "sc" or not parsed.hostname:
+        raise ValueError("spark remote: expected sc://host[:port][/;param=value...]")
+    host, port = parsed.hostname, parsed.port or _CONNECT_DEFAULT_PORT
+    try:
+        with socket.create_connection((host, port), timeout=_CONNECT_PROBE_TIMEOUT_S):
+            pass
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise ConnectionError(
+            f"no Spark Connect server accepts connections at {host}:{port} ({reason})"
+        ) from exc
+
+
+def _stop_remote(session: Any) -> None:
+    """Stop a Spark Connect client, releasing its server-side session with one try.
+
+    With the client's default retry policy a release to a server that is gone
+    waits about ten minutes; a session that cannot be released in one call
+    dies with its server anyway. Best effort, never raises; clears pyspark's
+    default and active session.
+    """
+    with contextlib.suppress(Exception):  # an older client without the setter
+        session.client.set_retry_policies([])
+    session.stop()
 
 
 @dataclass(frozen=True)
