@@ -66,8 +66,9 @@ def _upsert(insert: Any) -> Any:
 
 
 @functools.cache
-def claim_opening_attempts(claim: sa.Update) -> sa.Select[Any]:
-    """Postgres: ``claim`` (a tasks claim ``UPDATE … RETURNING id, attempt, …``)
+def claim_opening_attempts(claim: sa.Update | sa.Insert) -> sa.Select[Any]:
+    """Postgres: ``claim`` (a tasks claim ``UPDATE … RETURNING id, attempt, …``, or
+    the insert of a task already claimed: :mod:`~trace_core.storage.sql_handoff`)
     that also opens each claimed attempt's row, in one statement; its rows are
     the claim's columns followed by the new ``attempt_id``.
 
