@@ -18,16 +18,25 @@ stamp to the worker holding the lease. Scenarios:
 ``cross-process``
     The worker is another OS process; the wake-up travels through Postgres
     ``LISTEN/NOTIFY``. Postgres only (SQLite has no cross-process wake-up).
+``in-process-handoff``
+    As ``in-process``, but the worker waits in ``TaskQueue.claim_wait``: each
+    task is created already claimed for it, in the enqueue's one commit (the
+    one-commit hand-off). Both engines.
 
 A wake-up lost between the worker's empty claim and its next wait costs the
 whole ``timeout``; such samples are counted in ``slow_samples``.
 
-On Postgres a ``floor`` row comes first: the same pacing applied to bare
-driver round trips on the same server (``SELECT 1``; a one-row ``INSERT``
-committed with the server's durability), so the scenarios can be read against
-what this machine's idle wake-ups and commit flushes cost by themselves. An
-enqueue-to-claim sample needs at least two durable commits (the enqueue and
-the claim) and one notification.
+A ``floor`` row comes first: the same pacing applied to bare driver calls on
+the same database, so the scenarios can be read against what this machine's
+commits cost by themselves. Postgres: ``SELECT 1`` and a one-row ``INSERT``
+committed with the server's durability, on psycopg in autocommit. SQLite: a
+one-row ``INSERT`` and its commit with Trace's settings (WAL, the same
+``synchronous``), run on a worker thread as an event loop must run a blocking
+call (``durable_insert_median_ms``), and run inline, blocking the loop
+(``inline_insert_median_ms``). Every scenario row carries ``ratio_to_floor``:
+its median over the floor's ``durable_insert_median_ms``. An enqueue-to-claim
+sample needs two durable commits (the enqueue and the claim) and one
+notification; a hand-off needs one commit.
 """
 
 from __future__ import annotations
@@ -35,6 +44,7 @@ from __future__ import annotations
 import logging
 import multiprocessing as mp
 import queue as queue_mod
+import sqlite3
 import threading
 import time
 from collections.abc import Callable
@@ -73,26 +83,45 @@ Sample = tuple[str, float, float, float]
 
 
 class _Waiter:
-    """The worker side: claim, else wait for a wake-up, until told to stop."""
+    """The worker side: claim, else wait for a wake-up, until told to stop.
 
-    def __init__(self, repo: SqlRepository, wait_timeout: float) -> None:
+    With ``handoff``, the worker waits in ``claim_wait`` instead, where new
+    tasks of this process are handed to it already claimed; a sample's "claim
+    started" is then the start of that call."""
+
+    def __init__(self, repo: SqlRepository, wait_timeout: float, *, handoff: bool = False) -> None:
         self.repo = repo
-        self.queue = TaskQueue(repo)
+        self.queue = TaskQueue(repo, handoff=handoff)
+        self.handoff = handoff
         self.wait_timeout = wait_timeout
         self.samples: list[Sample] = []
         self.wakeups = 0
         self.timeouts = 0
 
+    def _took(self, leases: list[Any], started: float) -> None:
+        now = time.monotonic()
+        for lease in leases:
+            stamp = float((lease.data.get("input_versions") or {})["t0"])
+            self.samples.append((str(lease.item_id), stamp, now, started))
+
     async def run(self, stopped: Callable[[], bool]) -> None:
         wakeups = await self.repo.subscribe(TASKS_CHANNEL)
         while not stopped():
             started = time.monotonic()
+            if self.handoff:
+                leases = await self.queue.claim_wait(
+                    "bench-latency", 10, max_wait=self.wait_timeout, wakeups=wakeups
+                )
+                self._took(leases, started)
+                if leases:
+                    self.wakeups += 1
+                    await self.queue.complete_many([lease.fence for lease in leases])
+                else:
+                    self.timeouts += 1
+                continue
             leases = await self.queue.claim_batch("bench-latency", 10)
-            now = time.monotonic()
             if leases:
-                for lease in leases:
-                    stamp = float((lease.data.get("input_versions") or {})["t0"])
-                    self.samples.append((str(lease.item_id), stamp, now, started))
+                self._took(leases, started)
                 await self.queue.complete_many([lease.fence for lease in leases])
                 continue
             if await wakeups.wait(self.wait_timeout):
@@ -149,6 +178,8 @@ async def _worker(url: str, wait_timeout: float, ready: Event, stop: Event) -> d
 
 async def _floor(url: str, params: LatencyParams) -> dict[str, Any]:
     """Paced bare round trips on the driver: what the machine costs by itself."""
+    if url.startswith("sqlite"):
+        return await _sqlite_floor(url, params)
     import psycopg
 
     from trace_core.storage.url import parse_database_url
@@ -170,12 +201,49 @@ async def _floor(url: str, params: LatencyParams) -> dict[str, Any]:
     return out
 
 
-async def _in_process(url: str, params: LatencyParams) -> dict[str, Any]:
+async def _sqlite_floor(url: str, params: LatencyParams) -> dict[str, Any]:
+    """SQLite: one-row INSERT + COMMIT with Trace's connection settings, on a
+    worker thread (what an event loop pays) and inline (blocking the loop)."""
+    from trace_core.storage.engine import EngineSettings
+    from trace_core.storage.url import parse_database_url
+
+    settings = EngineSettings()
+    path = parse_database_url(url).sync_url.database
+    assert path is not None
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    try:
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute(f"PRAGMA synchronous={settings.sqlite_synchronous.upper()}")
+        conn.execute("CREATE TABLE trace_floor (x int)")
+
+        def insert() -> None:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute("INSERT INTO trace_floor VALUES (1)")
+            conn.execute("COMMIT")
+
+        out: dict[str, Any] = {}
+        for key, threaded in (("durable_insert", True), ("inline_insert", False)):
+            times: list[float] = []
+            for _ in range(params.samples + _WARMUP):
+                t0 = time.monotonic()
+                if threaded:
+                    await anyio.to_thread.run_sync(insert)
+                else:
+                    insert()
+                times.append((time.monotonic() - t0) * 1000)
+                await anyio.sleep(params.pause)
+            out[f"{key}_median_ms"] = round(median(times[_WARMUP:]), 3)
+        return out
+    finally:
+        conn.close()
+
+
+async def _in_process(url: str, params: LatencyParams, handoff: bool = False) -> dict[str, Any]:
     repo = SqlRepository(url)
     try:
         job_id = await ensure_standalone_job(repo, "bench", now=utcnow())
-        queue = TaskQueue(repo, wakeup_outbox=params.wakeup_outbox)
-        waiter = _Waiter(repo, params.wait_timeout)
+        queue = TaskQueue(repo, wakeup_outbox=params.wakeup_outbox, handoff=handoff)
+        waiter = _Waiter(repo, params.wait_timeout, handoff=handoff)
         done = False
         result: dict[str, Any] = {}
 
@@ -200,21 +268,23 @@ async def _in_process(url: str, params: LatencyParams) -> dict[str, Any]:
         await repo.close()
 
 
-def _in_process_main(url: str, params: LatencyParams, results: Any) -> None:
+def _in_process_main(url: str, params: LatencyParams, handoff: bool, results: Any) -> None:
     logging.basicConfig(level=logging.WARNING, format="[latency in-process] %(message)s")
     try:
-        results.put(anyio.run(_in_process, url, params, backend="asyncio"))
+        results.put(anyio.run(_in_process, url, params, handoff, backend="asyncio"))
     except BaseException as exc:
         results.put({"error": repr(exc)})
         raise
 
 
-def _in_process_guarded(url: str, params: LatencyParams) -> dict[str, Any]:
+def _in_process_guarded(
+    url: str, params: LatencyParams, *, handoff: bool = False
+) -> dict[str, Any]:
     """Run the one-loop scenario in a child process, so that a hang is reported, not waited on."""
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     proc = ctx.Process(
-        target=_in_process_main, args=(url, params, results), name="trace-bench-latency"
+        target=_in_process_main, args=(url, params, handoff, results), name="trace-bench-latency"
     )
     proc.start()
     budget = 30 + (params.samples + _WARMUP) * (params.pause + 0.05)
@@ -352,21 +422,21 @@ def run_latency(
 ) -> list[dict[str, Any]]:
     """Run the scenarios this engine supports; emits one object per scenario."""
     rows: list[dict[str, Any]] = []
-    scenarios = ["in-process", "in-process-threads"]
+    scenarios = ["in-process", "in-process-handoff", "in-process-threads"]
     if dbs.engine == "postgres":
         scenarios.append("cross-process")
-        url = dbs.fresh("latfloor")
-        floor: dict[str, Any] = {"engine": dbs.engine, "mode": "latency", "scenario": "floor"}
-        floor |= {"load_average_before": load_average(), "pause_s": params.pause}
-        floor |= anyio.run(_floor, url, params, backend="asyncio")
-        emit(floor)
-        dbs.drop(url)
+    url = dbs.fresh("latfloor")
+    floor: dict[str, Any] = {"engine": dbs.engine, "mode": "latency", "scenario": "floor"}
+    floor |= {"load_average_before": load_average(), "pause_s": params.pause}
+    floor |= anyio.run(_floor, url, params, backend="asyncio")
+    emit(floor)
+    dbs.drop(url)
     for scenario in scenarios:
         url = dbs.fresh(f"lat{len(rows)}")
         log.info("latency: %s, %d samples", scenario, params.samples)
         load = load_average()
-        if scenario == "in-process":
-            raw = _in_process_guarded(url, params)
+        if scenario in ("in-process", "in-process-handoff"):
+            raw = _in_process_guarded(url, params, handoff=scenario == "in-process-handoff")
         elif scenario == "in-process-threads":
             raw = anyio.run(_threads, url, params, backend="asyncio")
         else:
@@ -376,6 +446,7 @@ def run_latency(
             log.error("latency %s failed: %s", scenario, raw["error"])
         else:
             row = _report(dbs.engine, scenario, params, raw)
+            row["ratio_to_floor"] = round(row["median_ms"] / floor["durable_insert_median_ms"], 3)
         row["load_average_before"] = load
         emit(row)
         rows.append(row)

@@ -323,3 +323,42 @@ async def test_offer_taken_then_abandoned_is_reported_gone() -> None:
         assert results == []
         assert hub.settle(kept, "work") is True
     assert kept.value == "work" and results == [True]
+
+
+async def test_a_handoff_is_one_commit_in_one_step(
+    repo: SqlRepository, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The enqueue of a handed-off task is its claim too, in one step: on
+    SQLite one thread hop (BEGIN IMMEDIATE, the insert, its attempt record,
+    COMMIT); on Postgres one statement in autocommit on the direct path."""
+    job = await make_job(repo, clock.now())
+    tq = TaskQueue(repo, clock=clock)
+    steps: list[str] = []
+    if repo.engine_name == "sqlite":
+        real_hop = anyio.to_thread.run_sync
+
+        async def hop(func: Any, *args: Any, **kwargs: Any) -> Any:
+            steps.append(getattr(func, "__name__", repr(func)))
+            return await real_hop(func, *args, **kwargs)
+
+        target, name, counted = anyio.to_thread, "run_sync", hop
+    else:
+        from trace_core.storage.pg_direct import DirectPool
+
+        real_fetch = DirectPool.fetch
+
+        async def fetch(pool: DirectPool, stmt: Any, params: Any) -> Any:
+            steps.append("fetch")
+            return await real_fetch(pool, stmt, params)
+
+        target, name, counted = DirectPool, "fetch", fetch
+    consumer = Consumer(tq, "w1")
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(consumer.run)
+        await consumer.waiting()
+        monkeypatch.setattr(target, name, counted)
+        [made] = await tq.create([NewTask(job)])
+        monkeypatch.undo()
+        [lease] = await consumer.done()
+    assert lease.item_id == made.task_id
+    assert steps == (["_execute_then_commit"] if repo.engine_name == "sqlite" else ["fetch"])

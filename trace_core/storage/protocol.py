@@ -285,6 +285,8 @@ class Transaction(Protocol):
 
         Inserts nothing, and returns no lease, when a ``Queued`` task would be
         claimed before it (``queued_at`` no later) or its dedupe key has a task.
+        In a :meth:`Repository.statement` scope it is the last statement: it
+        commits by itself.
         """
         ...
 

@@ -150,13 +150,16 @@ class SqlTransaction:
         return await conn.execute(stmt, params)
 
     async def _execute_then(
-        self, stmt: sa.Executable, params: Any, then: FollowUp
+        self, stmt: sa.Executable, params: Any, then: FollowUp, *, last: bool = False
     ) -> Sequence[Any]:
         """The rows of ``stmt``, after which the statement ``then`` builds from
         them (if any) runs in the same transaction. In a SQLite statement scope
         both go in one thread hop (:meth:`DirectScope.execute_then
-        <trace_core.storage.sqlite_direct.DirectScope.execute_then>`)."""
+        <trace_core.storage.sqlite_direct.DirectScope.execute_then>`); with
+        ``last`` (nothing follows in the scope) the commit goes in it too."""
         if self._sqlite is not None:
+            if last:
+                return (await self._sqlite.execute_then_commit(stmt, params, then)).all()
             return (await self._sqlite.execute_then(stmt, params, then)).all()
         rows: Sequence[Any] = (await self._execute(stmt, params)).all()
         follow = then(rows)
@@ -341,9 +344,11 @@ class SqlTransaction:
         worker_id: str,
         now: datetime,
         what: str,
+        last: bool = False,
     ) -> tuple[Sequence[Any], dict[uuid.UUID, uuid.UUID]]:
         """Run a claiming statement (it returns the claim's columns): the rows,
-        and the ids of the attempts opened with a claim of tasks."""
+        and the ids of the attempts opened with a claim of tasks. ``last``: no
+        statement follows in a statement scope (see :meth:`_execute_then`)."""
         # A claimed task starts an execution attempt: its job_attempts row is
         # opened with the claim (see sql_attempts for how, per engine).
         records = queue.name == TASKS.name
@@ -363,7 +368,7 @@ class SqlTransaction:
                     attempt_ids.update(opened)
                     return stmt, rows
 
-                rows = await self._execute_then(stmt, params, opening)
+                rows = await self._execute_then(stmt, params, opening, last=last)
             else:
                 rows = await self._fetch(stmt, params)
         if opens_in_claim:
@@ -405,8 +410,16 @@ class SqlTransaction:
         expires_at = now + timedelta(seconds=lease_seconds)
         stmt, params = handoff_insert(self.engine_name, tasks, now=now, expires_at=expires_at)
         params["b_worker_id"] = worker_id
+        # In a statement scope it commits by itself on both engines (Postgres:
+        # autocommit; SQLite: the commit in the insert's own thread hop).
         rows, attempt_ids = await self._claiming(
-            TASKS, stmt, params, worker_id=worker_id, now=now, what="create claimed tasks"
+            TASKS,
+            stmt,
+            params,
+            worker_id=worker_id,
+            now=now,
+            what="create claimed tasks",
+            last=True,
         )
         return self._leases(
             TASKS, rows, worker_id=worker_id, expires_at=expires_at, ids=attempt_ids
