@@ -9,6 +9,7 @@ consumer is gone to the normal paths (claimable, or reclaimed by the reaper).
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from datetime import timedelta
@@ -27,7 +28,7 @@ from trace_core.model import Fence, Lease
 from trace_core.retry import Backoff, RetryPolicy
 from trace_core.storage import schema
 from trace_core.storage.protocol import NewTask
-from trace_core.storage.sql import SqlRepository
+from trace_core.storage.sql import SqlRepository, SqlTransaction
 from trace_core.tasks import ENQUEUE_TASK, TaskQueue
 from trace_core.wakeup import Offer, WakeupHub
 
@@ -52,13 +53,21 @@ class Consumer:
         self.only_handoffs = only_handoffs
         self.got: list[Lease] | None = None
         self.scope = anyio.CancelScope()
+        self.finished = False
 
     async def run(self) -> None:
         wakeups = self.tq.repo.hub.subscribe("nobody") if self.only_handoffs else None
-        with self.scope:
-            self.got = await self.tq.claim_wait(
-                self.worker_id, self.limit, max_wait=BOUND * 2, lease_seconds=LEASE, wakeups=wakeups
-            )
+        try:
+            with self.scope:
+                self.got = await self.tq.claim_wait(
+                    self.worker_id,
+                    self.limit,
+                    max_wait=BOUND * 2,
+                    lease_seconds=LEASE,
+                    wakeups=wakeups,
+                )
+        finally:
+            self.finished = True
 
     async def waiting(self) -> None:
         hub, key = self.tq.repo.hub, self.tq.handoff_key
@@ -285,6 +294,50 @@ async def test_reaper_reclaims_a_handed_off_task_whose_consumer_died(
     await tq.complete(lease.fence)
 
 
+async def test_consumer_cancelled_during_the_commit_leaves_it_to_the_reaper(
+    repo: SqlRepository, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A consumer cancelled while the creator commits its hand-off never gets
+    the lease: the creator ends the lease at once and the reaper's next round
+    retries the task, which is claimed as attempt 2."""
+    job = await make_job(repo, clock.now())
+    policy = RetryPolicy(normal=Backoff(base_seconds=1.0, cap_seconds=1.0, jitter=0.0))
+    tq = TaskQueue(repo, clock=clock, retry=policy)
+    consumer = Consumer(tq, "cancelled")
+    real = SqlTransaction.create_claimed_tasks
+
+    async def commit_then_cancel(self: SqlTransaction, *args: Any, **kwargs: Any) -> Any:
+        made = await real(self, *args, **kwargs)  # committed: its own statement
+        consumer.scope.cancel()
+        await wait_until(
+            "the consumer to leave",
+            lambda: consumer.finished,
+            time.monotonic() + BOUND,
+            describe=str,
+        )
+        return made
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(consumer.run)
+        await consumer.waiting()
+        monkeypatch.setattr(SqlTransaction, "create_claimed_tasks", commit_then_cancel)
+        [made] = await tq.create([NewTask(job)])
+        monkeypatch.undo()
+    assert made.created and consumer.got is None
+    row = await task_row(repo, made.task_id)
+    assert (row["status"], row["worker_id"], row["lease_expires_at"]) == (
+        "Running",
+        "cancelled",
+        clock.now(),
+    )
+    clock.advance(0.001)
+    assert (await tq.reclaim_expired()).retried == [made.task_id]
+    clock.advance(2)
+    assert await tq.requeue_due() == [made.task_id]
+    [lease] = await tq.claim_batch("heir", 5)
+    assert (lease.item_id, lease.attempt) == (made.task_id, 2)
+
+
 async def test_offer_taken_then_abandoned_is_reported_gone() -> None:
     """The hub's book: a consumer cancelled while its offer is taken (the
     creator's commit under way) leaves it ``gone``, and the creator learns it;
@@ -362,3 +415,42 @@ async def test_a_handoff_is_one_commit_in_one_step(
         [lease] = await consumer.done()
     assert lease.item_id == made.task_id
     assert steps == (["_execute_then_commit"] if repo.engine_name == "sqlite" else ["fetch"])
+
+
+async def test_a_consumer_on_another_event_loop_sharing_the_hub_is_handed_the_task(
+    database_url: str, repo: SqlRepository, clock: ManualClock
+) -> None:
+    """Two repositories of one database sharing a hub (each event loop its
+    own): the creator's commit hands the task to the other loop's consumer."""
+    job = await make_job(repo, clock.now())
+    shared = WakeupHub()
+    got: list[Lease] = []
+
+    def consumer_thread() -> None:
+        async def run() -> None:
+            mine = SqlRepository(database_url, hub=shared)
+            try:
+                tq = TaskQueue(mine, clock=clock)
+                got.extend(await tq.claim_wait("w-thread", 5, max_wait=BOUND * 2))
+            finally:
+                await mine.close()
+
+        anyio.run(run, backend="asyncio")
+
+    creator_repo = SqlRepository(database_url, hub=shared)
+    thread = threading.Thread(target=consumer_thread)
+    thread.start()
+    try:
+        tq = TaskQueue(creator_repo, clock=clock)
+        await wait_until(
+            "the consumer to wait",
+            lambda: shared.waiting(tq.handoff_key) == 1,
+            time.monotonic() + BOUND,
+            describe=str,
+        )
+        [made] = await tq.create([NewTask(job)])
+    finally:
+        await anyio.to_thread.run_sync(thread.join, BOUND)
+        await creator_repo.close()
+    assert [lease.item_id for lease in got] == [made.task_id]
+    assert (await task_row(repo, made.task_id))["worker_id"] == "w-thread"

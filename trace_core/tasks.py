@@ -22,7 +22,7 @@ from typing import Any
 import anyio
 
 from trace_core.clock import Clock, SystemClock
-from trace_core.errors import ConfigurationError
+from trace_core.errors import ConfigurationError, TraceError
 from trace_core.leasing import FailOutcome, LeaseConfig, LeaseQueue, ReclaimReport
 from trace_core.model import TASKS, ClaimOutcome, Fence, Lease
 from trace_core.outbox import OUTBOX_CHANNEL
@@ -136,11 +136,21 @@ class TaskQueue:
             # Its consumer was cancelled during our commit. The lease is ended
             # at once (a fenced write, as any), so that the reaper's next round
             # reclaims the task, as for a claimant that died before starting.
+            # The task exists either way: a failure here must not fail the
+            # enqueue (its lease then simply runs its full length).
             now = self.clock.now()
-            async with self.repo.statement() as t:
-                for lease in leases:
-                    await t.heartbeat(TASKS, lease.fence, now=now, expires_at=now)
-            log.info("task %s was handed to a consumer that left; lease ended", leases[0].item_id)
+            try:
+                async with self.repo.statement() as t:
+                    for lease in leases:
+                        await t.heartbeat(TASKS, lease.fence, now=now, expires_at=now)
+            except TraceError as exc:
+                log.warning(
+                    "could not end the lease of orphaned task %s: %s", leases[0].item_id, exc
+                )
+            else:
+                log.info(
+                    "task %s was handed to a consumer that left; lease ended", leases[0].item_id
+                )
         return [
             TaskCreated(_uuid(lease.item_id), True, task.dedupe_key)
             for lease, task in zip(leases, tasks, strict=True)
