@@ -32,9 +32,11 @@ commits cost by themselves. Postgres: ``SELECT 1`` and a one-row ``INSERT``
 committed with the server's durability, on psycopg in autocommit. SQLite: a
 one-row ``INSERT`` and its commit with Trace's settings (WAL, the same
 ``synchronous``), run on a worker thread as an event loop must run a blocking
-call (``durable_insert_median_ms``), and run inline, blocking the loop
-(``inline_insert_median_ms``). Every scenario row carries ``ratio_to_floor``:
-its median over the floor's ``durable_insert_median_ms``. An enqueue-to-claim
+call. Every scenario row carries ``ratio_to_floor``: its median over the
+floor's ``durable_insert_median_ms``. As the load of a shared machine moves
+within a run, ``in-process-handoff`` also measures its own floor, one bare
+insert before each enqueue (``paired_floor_median_ms``,
+``ratio_to_paired_floor``). An enqueue-to-claim
 sample needs two durable commits (the enqueue and the claim) and one
 notification; a hand-off needs one commit.
 """
@@ -47,7 +49,8 @@ import queue as queue_mod
 import sqlite3
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from multiprocessing.synchronize import Event
 from typing import Any
@@ -131,13 +134,27 @@ class _Waiter:
 
 
 async def _enqueue_paced(
-    queue: TaskQueue, job_id: Any, count: int, pause: float
+    queue: TaskQueue,
+    job_id: Any,
+    count: int,
+    pause: float,
+    floor: Callable[[], Awaitable[None]] | None = None,
+    floor_times: list[float] | None = None,
 ) -> tuple[dict[str, float], list[float]]:
-    """Create ``count`` tasks one at a time; ``({task id: commit returned}, create durations)``."""
+    """Create ``count`` tasks one at a time; ``({task id: commit returned}, create durations)``.
+
+    With ``floor``, each enqueue is preceded by one paced bare durable insert,
+    timed into ``floor_times``: a floor measured under the same load, moment
+    by moment, as the samples it is compared with."""
     committed: dict[str, float] = {}
     durations: list[float] = []
     await anyio.sleep(_START_DELAY)
     for _ in range(count):
+        if floor is not None and floor_times is not None:
+            t0 = time.monotonic()
+            await floor()
+            floor_times.append((time.monotonic() - t0) * 1000)
+            await anyio.sleep(pause)
         t0 = time.monotonic()
         created = await queue.create([NewTask(job_id, input_versions={"t0": t0})])
         t1 = time.monotonic()
@@ -145,6 +162,48 @@ async def _enqueue_paced(
         durations.append((t1 - t0) * 1000)
         await anyio.sleep(pause)
     return committed, durations
+
+
+@asynccontextmanager
+async def _floor_probe(url: str) -> AsyncIterator[Callable[[], Awaitable[None]]]:
+    """One bare durable one-row insert, as the ``floor`` row makes it (Postgres:
+    psycopg in autocommit; SQLite: Trace's settings, on a worker thread)."""
+    if url.startswith("sqlite"):
+        from trace_core.storage.engine import EngineSettings
+        from trace_core.storage.url import parse_database_url
+
+        path = parse_database_url(url).sync_url.database
+        assert path is not None
+        conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute(f"PRAGMA synchronous={EngineSettings().sqlite_synchronous.upper()}")
+        conn.execute("CREATE TABLE trace_floor (x int)")
+
+        def insert() -> None:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute("INSERT INTO trace_floor VALUES (1)")
+            conn.execute("COMMIT")
+
+        async def sqlite_probe() -> None:
+            await anyio.to_thread.run_sync(insert)
+
+        try:
+            yield sqlite_probe
+        finally:
+            conn.close()
+        return
+    import psycopg
+
+    from trace_core.storage.url import parse_database_url
+
+    conninfo = parse_database_url(url).conninfo()
+    async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as pg:
+        await pg.execute("CREATE TABLE trace_floor (x int)")
+
+        async def pg_probe() -> None:
+            await pg.execute("INSERT INTO trace_floor VALUES (1)")
+
+        yield pg_probe
 
 
 # --- cross-process worker ------------------------------------------------------------
@@ -202,40 +261,17 @@ async def _floor(url: str, params: LatencyParams) -> dict[str, Any]:
 
 
 async def _sqlite_floor(url: str, params: LatencyParams) -> dict[str, Any]:
-    """SQLite: one-row INSERT + COMMIT with Trace's connection settings, on a
-    worker thread (what an event loop pays) and inline (blocking the loop)."""
-    from trace_core.storage.engine import EngineSettings
-    from trace_core.storage.url import parse_database_url
-
-    settings = EngineSettings()
-    path = parse_database_url(url).sync_url.database
-    assert path is not None
-    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-    try:
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute(f"PRAGMA synchronous={settings.sqlite_synchronous.upper()}")
-        conn.execute("CREATE TABLE trace_floor (x int)")
-
-        def insert() -> None:
-            conn.execute("BEGIN IMMEDIATE")
-            conn.execute("INSERT INTO trace_floor VALUES (1)")
-            conn.execute("COMMIT")
-
-        out: dict[str, Any] = {}
-        for key, threaded in (("durable_insert", True), ("inline_insert", False)):
-            times: list[float] = []
-            for _ in range(params.samples + _WARMUP):
-                t0 = time.monotonic()
-                if threaded:
-                    await anyio.to_thread.run_sync(insert)
-                else:
-                    insert()
-                times.append((time.monotonic() - t0) * 1000)
-                await anyio.sleep(params.pause)
-            out[f"{key}_median_ms"] = round(median(times[_WARMUP:]), 3)
-        return out
-    finally:
-        conn.close()
+    """SQLite: one-row INSERT + COMMIT with Trace's settings on a worker thread
+    (what an event loop pays: run inline, a blocking commit can deadlock the
+    loop against a writer of its own waiting for the loop)."""
+    times: list[float] = []
+    async with _floor_probe(url) as probe:
+        for _ in range(params.samples + _WARMUP):
+            t0 = time.monotonic()
+            await probe()
+            times.append((time.monotonic() - t0) * 1000)
+            await anyio.sleep(params.pause)
+    return {"durable_insert_median_ms": round(median(times[_WARMUP:]), 3)}
 
 
 async def _in_process(url: str, params: LatencyParams, handoff: bool = False) -> dict[str, Any]:
@@ -246,18 +282,24 @@ async def _in_process(url: str, params: LatencyParams, handoff: bool = False) ->
         waiter = _Waiter(repo, params.wait_timeout, handoff=handoff)
         done = False
         result: dict[str, Any] = {}
+        floor_times: list[float] = []
 
         async def enqueuer() -> None:
             nonlocal done
-            result["committed"], result["durations"] = await _enqueue_paced(
-                queue, job_id, params.samples + _WARMUP, params.pause
-            )
+            async with AsyncExitStack() as stack:
+                # The hand-off's own floor, interleaved with its enqueues.
+                probe = await stack.enter_async_context(_floor_probe(url)) if handoff else None
+                result["committed"], result["durations"] = await _enqueue_paced(
+                    queue, job_id, params.samples + _WARMUP, params.pause, probe, floor_times
+                )
             await anyio.sleep(0.2)
             done = True
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(waiter.run, lambda: done)
             tg.start_soon(enqueuer)
+        if floor_times:
+            result["floor_durations"] = floor_times
         return {
             "samples": waiter.samples,
             "wakeups": waiter.wakeups,
@@ -414,6 +456,19 @@ def _report(
         "pause_s": params.pause,
         "wait_timeout_s": params.wait_timeout,
         "wakeup_outbox": params.wakeup_outbox,
+        **_paired_floor(raw, median(lat)),
+    }
+
+
+def _paired_floor(raw: dict[str, Any], median_ms: float) -> dict[str, Any]:
+    """The floor measured between this scenario's own enqueues, if it has one."""
+    times = raw.get("floor_durations")
+    if not times:
+        return {}
+    floor = median(times[_WARMUP:])
+    return {
+        "paired_floor_median_ms": round(floor, 3),
+        "ratio_to_paired_floor": round(median_ms / floor, 3),
     }
 
 
