@@ -18,16 +18,27 @@ stamp to the worker holding the lease. Scenarios:
 ``cross-process``
     The worker is another OS process; the wake-up travels through Postgres
     ``LISTEN/NOTIFY``. Postgres only (SQLite has no cross-process wake-up).
+``in-process-handoff``
+    As ``in-process``, but the worker waits in ``TaskQueue.claim_wait``: each
+    task is created already claimed for it, in the enqueue's one commit (the
+    one-commit hand-off). Both engines.
 
 A wake-up lost between the worker's empty claim and its next wait costs the
 whole ``timeout``; such samples are counted in ``slow_samples``.
 
-On Postgres a ``floor`` row comes first: the same pacing applied to bare
-driver round trips on the same server (``SELECT 1``; a one-row ``INSERT``
-committed with the server's durability), so the scenarios can be read against
-what this machine's idle wake-ups and commit flushes cost by themselves. An
-enqueue-to-claim sample needs at least two durable commits (the enqueue and
-the claim) and one notification.
+A ``floor`` row comes first: the same pacing applied to bare driver calls on
+the same database, so the scenarios can be read against what this machine's
+commits cost by themselves. Postgres: ``SELECT 1`` and a one-row ``INSERT``
+committed with the server's durability, on psycopg in autocommit. SQLite: a
+one-row ``INSERT`` and its commit with Trace's settings (WAL, the same
+``synchronous``), run on a worker thread as an event loop must run a blocking
+call. Every scenario row carries ``ratio_to_floor``: its median over the
+floor's ``durable_insert_median_ms``. As the load of a shared machine moves
+within a run, ``in-process-handoff`` also measures its own floor, one bare
+insert before each enqueue (``paired_floor_median_ms``,
+``ratio_to_paired_floor``). An enqueue-to-claim
+sample needs two durable commits (the enqueue and the claim) and one
+notification; a hand-off needs one commit.
 """
 
 from __future__ import annotations
@@ -35,9 +46,11 @@ from __future__ import annotations
 import logging
 import multiprocessing as mp
 import queue as queue_mod
+import sqlite3
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from multiprocessing.synchronize import Event
 from typing import Any
@@ -73,26 +86,45 @@ Sample = tuple[str, float, float, float]
 
 
 class _Waiter:
-    """The worker side: claim, else wait for a wake-up, until told to stop."""
+    """The worker side: claim, else wait for a wake-up, until told to stop.
 
-    def __init__(self, repo: SqlRepository, wait_timeout: float) -> None:
+    With ``handoff``, the worker waits in ``claim_wait`` instead, where new
+    tasks of this process are handed to it already claimed; a sample's "claim
+    started" is then the start of that call."""
+
+    def __init__(self, repo: SqlRepository, wait_timeout: float, *, handoff: bool = False) -> None:
         self.repo = repo
-        self.queue = TaskQueue(repo)
+        self.queue = TaskQueue(repo, handoff=handoff)
+        self.handoff = handoff
         self.wait_timeout = wait_timeout
         self.samples: list[Sample] = []
         self.wakeups = 0
         self.timeouts = 0
 
+    def _took(self, leases: list[Any], started: float) -> None:
+        now = time.monotonic()
+        for lease in leases:
+            stamp = float((lease.data.get("input_versions") or {})["t0"])
+            self.samples.append((str(lease.item_id), stamp, now, started))
+
     async def run(self, stopped: Callable[[], bool]) -> None:
         wakeups = await self.repo.subscribe(TASKS_CHANNEL)
         while not stopped():
             started = time.monotonic()
+            if self.handoff:
+                leases = await self.queue.claim_wait(
+                    "bench-latency", 10, max_wait=self.wait_timeout, wakeups=wakeups
+                )
+                self._took(leases, started)
+                if leases:
+                    self.wakeups += 1
+                    await self.queue.complete_many([lease.fence for lease in leases])
+                else:
+                    self.timeouts += 1
+                continue
             leases = await self.queue.claim_batch("bench-latency", 10)
-            now = time.monotonic()
             if leases:
-                for lease in leases:
-                    stamp = float((lease.data.get("input_versions") or {})["t0"])
-                    self.samples.append((str(lease.item_id), stamp, now, started))
+                self._took(leases, started)
                 await self.queue.complete_many([lease.fence for lease in leases])
                 continue
             if await wakeups.wait(self.wait_timeout):
@@ -102,13 +134,27 @@ class _Waiter:
 
 
 async def _enqueue_paced(
-    queue: TaskQueue, job_id: Any, count: int, pause: float
+    queue: TaskQueue,
+    job_id: Any,
+    count: int,
+    pause: float,
+    floor: Callable[[], Awaitable[None]] | None = None,
+    floor_times: list[float] | None = None,
 ) -> tuple[dict[str, float], list[float]]:
-    """Create ``count`` tasks one at a time; ``({task id: commit returned}, create durations)``."""
+    """Create ``count`` tasks one at a time; ``({task id: commit returned}, create durations)``.
+
+    With ``floor``, each enqueue is preceded by one paced bare durable insert,
+    timed into ``floor_times``: a floor measured under the same load, moment
+    by moment, as the samples it is compared with."""
     committed: dict[str, float] = {}
     durations: list[float] = []
     await anyio.sleep(_START_DELAY)
     for _ in range(count):
+        if floor is not None and floor_times is not None:
+            t0 = time.monotonic()
+            await floor()
+            floor_times.append((time.monotonic() - t0) * 1000)
+            await anyio.sleep(pause)
         t0 = time.monotonic()
         created = await queue.create([NewTask(job_id, input_versions={"t0": t0})])
         t1 = time.monotonic()
@@ -116,6 +162,48 @@ async def _enqueue_paced(
         durations.append((t1 - t0) * 1000)
         await anyio.sleep(pause)
     return committed, durations
+
+
+@asynccontextmanager
+async def _floor_probe(url: str) -> AsyncIterator[Callable[[], Awaitable[None]]]:
+    """One bare durable one-row insert, as the ``floor`` row makes it (Postgres:
+    psycopg in autocommit; SQLite: Trace's settings, on a worker thread)."""
+    if url.startswith("sqlite"):
+        from trace_core.storage.engine import EngineSettings
+        from trace_core.storage.url import parse_database_url
+
+        path = parse_database_url(url).sync_url.database
+        assert path is not None
+        conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute(f"PRAGMA synchronous={EngineSettings().sqlite_synchronous.upper()}")
+        conn.execute("CREATE TABLE trace_floor (x int)")
+
+        def insert() -> None:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute("INSERT INTO trace_floor VALUES (1)")
+            conn.execute("COMMIT")
+
+        async def sqlite_probe() -> None:
+            await anyio.to_thread.run_sync(insert)
+
+        try:
+            yield sqlite_probe
+        finally:
+            conn.close()
+        return
+    import psycopg
+
+    from trace_core.storage.url import parse_database_url
+
+    conninfo = parse_database_url(url).conninfo()
+    async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as pg:
+        await pg.execute("CREATE TABLE trace_floor (x int)")
+
+        async def pg_probe() -> None:
+            await pg.execute("INSERT INTO trace_floor VALUES (1)")
+
+        yield pg_probe
 
 
 # --- cross-process worker ------------------------------------------------------------
@@ -149,6 +237,8 @@ async def _worker(url: str, wait_timeout: float, ready: Event, stop: Event) -> d
 
 async def _floor(url: str, params: LatencyParams) -> dict[str, Any]:
     """Paced bare round trips on the driver: what the machine costs by itself."""
+    if url.startswith("sqlite"):
+        return await _sqlite_floor(url, params)
     import psycopg
 
     from trace_core.storage.url import parse_database_url
@@ -170,26 +260,46 @@ async def _floor(url: str, params: LatencyParams) -> dict[str, Any]:
     return out
 
 
-async def _in_process(url: str, params: LatencyParams) -> dict[str, Any]:
+async def _sqlite_floor(url: str, params: LatencyParams) -> dict[str, Any]:
+    """SQLite: one-row INSERT + COMMIT with Trace's settings on a worker thread
+    (what an event loop pays: run inline, a blocking commit can deadlock the
+    loop against a writer of its own waiting for the loop)."""
+    times: list[float] = []
+    async with _floor_probe(url) as probe:
+        for _ in range(params.samples + _WARMUP):
+            t0 = time.monotonic()
+            await probe()
+            times.append((time.monotonic() - t0) * 1000)
+            await anyio.sleep(params.pause)
+    return {"durable_insert_median_ms": round(median(times[_WARMUP:]), 3)}
+
+
+async def _in_process(url: str, params: LatencyParams, handoff: bool = False) -> dict[str, Any]:
     repo = SqlRepository(url)
     try:
         job_id = await ensure_standalone_job(repo, "bench", now=utcnow())
-        queue = TaskQueue(repo, wakeup_outbox=params.wakeup_outbox)
-        waiter = _Waiter(repo, params.wait_timeout)
+        queue = TaskQueue(repo, wakeup_outbox=params.wakeup_outbox, handoff=handoff)
+        waiter = _Waiter(repo, params.wait_timeout, handoff=handoff)
         done = False
         result: dict[str, Any] = {}
+        floor_times: list[float] = []
 
         async def enqueuer() -> None:
             nonlocal done
-            result["committed"], result["durations"] = await _enqueue_paced(
-                queue, job_id, params.samples + _WARMUP, params.pause
-            )
+            async with AsyncExitStack() as stack:
+                # The hand-off's own floor, interleaved with its enqueues.
+                probe = await stack.enter_async_context(_floor_probe(url)) if handoff else None
+                result["committed"], result["durations"] = await _enqueue_paced(
+                    queue, job_id, params.samples + _WARMUP, params.pause, probe, floor_times
+                )
             await anyio.sleep(0.2)
             done = True
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(waiter.run, lambda: done)
             tg.start_soon(enqueuer)
+        if floor_times:
+            result["floor_durations"] = floor_times
         return {
             "samples": waiter.samples,
             "wakeups": waiter.wakeups,
@@ -200,21 +310,23 @@ async def _in_process(url: str, params: LatencyParams) -> dict[str, Any]:
         await repo.close()
 
 
-def _in_process_main(url: str, params: LatencyParams, results: Any) -> None:
+def _in_process_main(url: str, params: LatencyParams, handoff: bool, results: Any) -> None:
     logging.basicConfig(level=logging.WARNING, format="[latency in-process] %(message)s")
     try:
-        results.put(anyio.run(_in_process, url, params, backend="asyncio"))
+        results.put(anyio.run(_in_process, url, params, handoff, backend="asyncio"))
     except BaseException as exc:
         results.put({"error": repr(exc)})
         raise
 
 
-def _in_process_guarded(url: str, params: LatencyParams) -> dict[str, Any]:
+def _in_process_guarded(
+    url: str, params: LatencyParams, *, handoff: bool = False
+) -> dict[str, Any]:
     """Run the one-loop scenario in a child process, so that a hang is reported, not waited on."""
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     proc = ctx.Process(
-        target=_in_process_main, args=(url, params, results), name="trace-bench-latency"
+        target=_in_process_main, args=(url, params, handoff, results), name="trace-bench-latency"
     )
     proc.start()
     budget = 30 + (params.samples + _WARMUP) * (params.pause + 0.05)
@@ -344,6 +456,19 @@ def _report(
         "pause_s": params.pause,
         "wait_timeout_s": params.wait_timeout,
         "wakeup_outbox": params.wakeup_outbox,
+        **_paired_floor(raw, median(lat)),
+    }
+
+
+def _paired_floor(raw: dict[str, Any], median_ms: float) -> dict[str, Any]:
+    """The floor measured between this scenario's own enqueues, if it has one."""
+    times = raw.get("floor_durations")
+    if not times:
+        return {}
+    floor = median(times[_WARMUP:])
+    return {
+        "paired_floor_median_ms": round(floor, 3),
+        "ratio_to_paired_floor": round(median_ms / floor, 3),
     }
 
 
@@ -352,21 +477,21 @@ def run_latency(
 ) -> list[dict[str, Any]]:
     """Run the scenarios this engine supports; emits one object per scenario."""
     rows: list[dict[str, Any]] = []
-    scenarios = ["in-process", "in-process-threads"]
+    scenarios = ["in-process", "in-process-handoff", "in-process-threads"]
     if dbs.engine == "postgres":
         scenarios.append("cross-process")
-        url = dbs.fresh("latfloor")
-        floor: dict[str, Any] = {"engine": dbs.engine, "mode": "latency", "scenario": "floor"}
-        floor |= {"load_average_before": load_average(), "pause_s": params.pause}
-        floor |= anyio.run(_floor, url, params, backend="asyncio")
-        emit(floor)
-        dbs.drop(url)
+    url = dbs.fresh("latfloor")
+    floor: dict[str, Any] = {"engine": dbs.engine, "mode": "latency", "scenario": "floor"}
+    floor |= {"load_average_before": load_average(), "pause_s": params.pause}
+    floor |= anyio.run(_floor, url, params, backend="asyncio")
+    emit(floor)
+    dbs.drop(url)
     for scenario in scenarios:
         url = dbs.fresh(f"lat{len(rows)}")
         log.info("latency: %s, %d samples", scenario, params.samples)
         load = load_average()
-        if scenario == "in-process":
-            raw = _in_process_guarded(url, params)
+        if scenario in ("in-process", "in-process-handoff"):
+            raw = _in_process_guarded(url, params, handoff=scenario == "in-process-handoff")
         elif scenario == "in-process-threads":
             raw = anyio.run(_threads, url, params, backend="asyncio")
         else:
@@ -376,6 +501,7 @@ def run_latency(
             log.error("latency %s failed: %s", scenario, raw["error"])
         else:
             row = _report(dbs.engine, scenario, params, raw)
+            row["ratio_to_floor"] = round(row["median_ms"] / floor["durable_insert_median_ms"], 3)
         row["load_average_before"] = load
         emit(row)
         rows.append(row)

@@ -3,18 +3,26 @@
 A task's side effect (waking a worker: SQS, a Lambda invoke, an in-process
 queue) is an ``enqueue_task`` outbox row written in the same transaction as
 the task itself, and again when a retry puts it back to ``Queued``.
+
+A consumer of this process waiting in :meth:`TaskQueue.claim_wait` may be
+handed a new task directly: :meth:`TaskQueue.create` then inserts it already
+claimed for that consumer, so the enqueue's commit is the claim's too (see
+docs/core.md, "The one-commit hand-off").
 """
 
 from __future__ import annotations
 
+import logging
 import random
 import uuid
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
+import anyio
+
 from trace_core.clock import Clock, SystemClock
-from trace_core.errors import ConfigurationError
+from trace_core.errors import ConfigurationError, TraceError
 from trace_core.leasing import FailOutcome, LeaseConfig, LeaseQueue, ReclaimReport
 from trace_core.model import TASKS, ClaimOutcome, Fence, Lease
 from trace_core.outbox import OUTBOX_CHANNEL
@@ -27,6 +35,7 @@ from trace_core.storage.protocol import (
     Transaction,
     within,
 )
+from trace_core.wakeup import Offer, Subscription
 
 __all__ = ["ENQUEUE_TASK", "TASKS_CHANNEL", "WAKEUP_CHUNK", "TaskQueue"]
 
@@ -42,6 +51,8 @@ WAKEUP_CHUNK = 500
 TASKS_CHANNEL = "trace_tasks"
 """Wake-up channel notified when tasks become claimable."""
 
+log = logging.getLogger(__name__)
+
 
 class TaskQueue:
     """The task side of the ownership protocol."""
@@ -55,6 +66,7 @@ class TaskQueue:
         retry: RetryPolicy | None = None,
         rng: random.Random | None = None,
         wakeup_outbox: bool = True,
+        handoff: bool = True,
     ) -> None:
         self.repo = repo
         self.clock = clock or SystemClock()
@@ -67,6 +79,11 @@ class TaskQueue:
             (TASKS_CHANNEL, OUTBOX_CHANNEL) if wakeup_outbox else (TASKS_CHANNEL,),
             WAKEUP_CHUNK,
         )
+        self.handoff = handoff
+        """Hand new tasks to consumers waiting in :meth:`claim_wait` (this
+        process, same database), and let those wait for hand-offs."""
+        self.handoff_key = f"{TASKS.name}@{repo.identity}"
+        """The key of this queue's offers in ``repo.hub`` (see :meth:`claim_wait`)."""
 
     async def create(
         self, tasks: Sequence[NewTask], *, tx: Transaction | None = None
@@ -86,8 +103,95 @@ class TaskQueue:
         # A small batch is one statement (tasks, wake-up row, notify): on Postgres
         # it runs in autocommit, sparing the BEGIN and COMMIT round trips.
         single = tx is None and len(tasks) <= WAKEUP_CHUNK
+        if single and len(tasks) == 1 and self.handoff:
+            handed = await self._hand_off(tasks)
+            if handed is not None:
+                return handed
         async with self.repo.statement() if single else within(self.repo, tx) as t:
             return await t.create_tasks(tasks, now=self.clock.now(), wakeup=self.wakeup)
+
+    async def _hand_off(self, tasks: Sequence[NewTask]) -> list[TaskCreated] | None:
+        """Create the task already claimed for a consumer waiting in
+        :meth:`claim_wait`, if one waits; ``None`` when nothing was handed
+        over (nobody waits, an older task is queued, a duplicate dedupe key)."""
+        offer = self.repo.hub.take(self.handoff_key, len(tasks))
+        if offer is None:
+            return None
+        leases: list[Lease] = []
+        try:
+            async with self.repo.statement() as t:
+                made = await t.create_claimed_tasks(
+                    tasks,
+                    now=self.clock.now(),
+                    worker_id=offer.claimant,
+                    lease_seconds=offer.lease_seconds,
+                )
+            leases = made  # committed: the scope ended without an error
+        finally:
+            # After the commit only; a failed or empty insert puts the offer back.
+            delivered = self.repo.hub.settle(offer, leases or None)
+        if not leases:
+            return None
+        if not delivered:
+            # Its consumer was cancelled during our commit. The lease is ended
+            # at once (a fenced write, as any), so that the reaper's next round
+            # reclaims the task, as for a claimant that died before starting.
+            # The task exists either way: a failure here must not fail the
+            # enqueue (its lease then simply runs its full length).
+            now = self.clock.now()
+            try:
+                async with self.repo.statement() as t:
+                    for lease in leases:
+                        await t.heartbeat(TASKS, lease.fence, now=now, expires_at=now)
+            except TraceError as exc:
+                log.warning(
+                    "could not end the lease of orphaned task %s: %s", leases[0].item_id, exc
+                )
+            else:
+                log.info(
+                    "task %s was handed to a consumer that left; lease ended", leases[0].item_id
+                )
+        return [
+            TaskCreated(_uuid(lease.item_id), True, task.dedupe_key)
+            for lease, task in zip(leases, tasks, strict=True)
+        ]
+
+    async def claim_wait(
+        self,
+        worker_id: str,
+        limit: int,
+        *,
+        max_wait: float,
+        lease_seconds: float | None = None,
+        wakeups: Subscription | None = None,
+    ) -> list[Lease]:
+        """:meth:`claim_batch`, waiting up to ``max_wait`` seconds for tasks
+        when none is queued; ``[]`` if none came.
+
+        While it waits, a task that :meth:`create` makes in this process
+        (another coroutine or thread, same database) is handed over already
+        claimed for it, in the enqueue's own commit, unless an older task is
+        queued; tasks committed elsewhere wake it through ``TASKS_CHANNEL``.
+        A consumer loop may pass its own ``wakeups`` subscription to spare
+        one per call.
+        """
+        if max_wait < 0:
+            raise ConfigurationError(f"max_wait must be >= 0, got {max_wait}")
+        if wakeups is None:
+            wakeups = await self.repo.subscribe(TASKS_CHANNEL)
+        lease = lease_seconds or self.leases.config.lease_seconds
+        deadline = anyio.current_time() + max_wait
+        while True:
+            leases = await self.claim_batch(worker_id, limit, lease_seconds=lease_seconds)
+            remaining = deadline - anyio.current_time()
+            if leases or remaining <= 0:
+                return leases
+            offer: Offer[list[Lease]] | None = None
+            if self.handoff:
+                offer = Offer(self.handoff_key, worker_id, limit, lease)
+            await wakeups.wait(remaining, offer=offer)
+            if offer is not None and offer.value:
+                return offer.value
 
     async def claim(
         self, task_id: uuid.UUID, worker_id: str, *, lease_seconds: float | None = None
@@ -159,3 +263,9 @@ class TaskQueue:
             ids = await self.leases.requeue_due(tx=tx)
             await tx.wake_tasks(ids, self.wakeup, now=self.clock.now())
         return ids
+
+
+def _uuid(item_id: Any) -> uuid.UUID:
+    """A task id (tasks have UUID ids; a lease carries any queue's id type)."""
+    assert isinstance(item_id, uuid.UUID)
+    return item_id

@@ -39,7 +39,7 @@ from trace_core.storage.ports.standalone import StandaloneOps
 from trace_core.storage.ports.status import StatusOps
 from trace_core.storage.ports.webhook_delivery import WebhookDeliveryOps
 from trace_core.storage.ports.webhook_receipts import WebhookReceiptOps
-from trace_core.wakeup import Subscription
+from trace_core.wakeup import Subscription, WakeupHub
 
 __all__ = [
     "IdempotencyRecord",
@@ -276,6 +276,20 @@ class Transaction(Protocol):
         """
         ...
 
+    async def create_claimed_tasks(
+        self, tasks: Sequence[NewTask], *, now: datetime, worker_id: str, lease_seconds: float
+    ) -> list[Lease]:
+        """Insert one task already claimed by ``worker_id`` (the hand-off of
+        :meth:`~trace_core.tasks.TaskQueue.claim_wait`): the row, its attempt
+        and lease exactly as :meth:`claim` would leave them, no wake-up.
+
+        Inserts nothing, and returns no lease, when a ``Queued`` task would be
+        claimed before it (``queued_at`` no later) or its dedupe key has a task.
+        In a :meth:`Repository.statement` scope it is the last statement: it
+        commits by itself.
+        """
+        ...
+
     async def inspect(self, queue: QueueSpec, item_id: ItemId) -> ItemState | None:
         """The ownership columns of one item, or ``None`` if it does not exist."""
         ...
@@ -422,6 +436,11 @@ class Repository(Protocol):
     """A database: the factory of transactions, plus wake-ups."""
 
     engine_name: str
+    hub: WakeupHub
+    """This process's wake-ups, and the book of consumers waiting for a hand-off."""
+    identity: str
+    """Which database this is (no password), so that a hand-off through a shared
+    :attr:`hub` reaches only consumers of the same database."""
 
     def transaction(self) -> AbstractAsyncContextManager[Transaction]:
         """A write transaction (on SQLite, ``BEGIN IMMEDIATE``)."""

@@ -42,6 +42,7 @@ from trace_core.storage.sql_deploy import SqlDeployOps
 from trace_core.storage.sql_errors import translate_errors
 from trace_core.storage.sql_events import SqlEventOps
 from trace_core.storage.sql_explain import SqlExplainOps
+from trace_core.storage.sql_handoff import handoff_insert
 from trace_core.storage.sql_inbox import SqlInboxOps
 from trace_core.storage.sql_inbox_credentials import SqlInboxCredentialOps
 from trace_core.storage.sql_job_states import SqlJobStateOps
@@ -149,13 +150,16 @@ class SqlTransaction:
         return await conn.execute(stmt, params)
 
     async def _execute_then(
-        self, stmt: sa.Executable, params: Any, then: FollowUp
+        self, stmt: sa.Executable, params: Any, then: FollowUp, *, last: bool = False
     ) -> Sequence[Any]:
         """The rows of ``stmt``, after which the statement ``then`` builds from
         them (if any) runs in the same transaction. In a SQLite statement scope
         both go in one thread hop (:meth:`DirectScope.execute_then
-        <trace_core.storage.sqlite_direct.DirectScope.execute_then>`)."""
+        <trace_core.storage.sqlite_direct.DirectScope.execute_then>`); with
+        ``last`` (nothing follows in the scope) the commit goes in it too."""
         if self._sqlite is not None:
+            if last:
+                return (await self._sqlite.execute_then_commit(stmt, params, then)).all()
             return (await self._sqlite.execute_then(stmt, params, then)).all()
         rows: Sequence[Any] = (await self._execute(stmt, params)).all()
         follow = then(rows)
@@ -324,15 +328,36 @@ class SqlTransaction:
         else:
             params["limit"] = limit
         stmt: sa.Executable = self._stmts.claim(queue, item_id is not None, gate)
+        rows, attempt_ids = await self._claiming(
+            queue, stmt, params, worker_id=worker_id, now=now, what=f"claim {queue.name}"
+        )
+        return self._leases(
+            queue, rows, worker_id=worker_id, expires_at=expires_at, ids=attempt_ids
+        )
+
+    async def _claiming(
+        self,
+        queue: QueueSpec,
+        stmt: sa.Executable,
+        params: Mapping[str, Any],
+        *,
+        worker_id: str,
+        now: datetime,
+        what: str,
+        last: bool = False,
+    ) -> tuple[Sequence[Any], dict[uuid.UUID, uuid.UUID]]:
+        """Run a claiming statement (it returns the claim's columns): the rows,
+        and the ids of the attempts opened with a claim of tasks. ``last``: no
+        statement follows in a statement scope (see :meth:`_execute_then`)."""
         # A claimed task starts an execution attempt: its job_attempts row is
         # opened with the claim (see sql_attempts for how, per engine).
         records = queue.name == TASKS.name
         opens_in_claim = records and self.engine_name == "postgres"
         if opens_in_claim:
-            assert isinstance(stmt, sa.Update)
+            assert isinstance(stmt, sa.Update | sa.Insert)
             stmt = _opening(stmt)
         attempt_ids: dict[uuid.UUID, uuid.UUID] = {}
-        with translate_errors(f"claim {queue.name}"):
+        with translate_errors(what):
             if records and not opens_in_claim:
                 # SQLite: the attempt rows (their ids made here) go in the claim's hop.
                 def opening(claimed: Sequence[Any]) -> tuple[sa.Executable, Any] | None:
@@ -343,12 +368,24 @@ class SqlTransaction:
                     attempt_ids.update(opened)
                     return stmt, rows
 
-                rows = await self._execute_then(stmt, params, opening)
+                rows = await self._execute_then(stmt, params, opening, last=last)
             else:
                 rows = await self._fetch(stmt, params)
         if opens_in_claim:
             attempt_ids = {row[0]: row[-1] for row in rows}
             rows = [row[:-1] for row in rows]
+        return rows, attempt_ids
+
+    def _leases(
+        self,
+        queue: QueueSpec,
+        rows: Sequence[Any],
+        *,
+        worker_id: str,
+        expires_at: datetime,
+        ids: Mapping[uuid.UUID, uuid.UUID],
+    ) -> list[Lease]:
+        """The leases of a claiming statement's rows."""
         qt = self._stmts.table(queue)
         data_keys = [col.key for col in qt.data]
         return [
@@ -362,10 +399,31 @@ class SqlTransaction:
                 expires_at=expires_at,
                 max_attempts=row[4],
                 data=dict(zip(data_keys, row[5:], strict=True)),
-                attempt_id=attempt_ids.get(row[0]),
+                attempt_id=ids.get(row[0]),
             )
             for row in rows
         ]
+
+    async def create_claimed_tasks(
+        self, tasks: Sequence[NewTask], *, now: datetime, worker_id: str, lease_seconds: float
+    ) -> list[Lease]:
+        expires_at = now + timedelta(seconds=lease_seconds)
+        stmt, params = handoff_insert(self.engine_name, tasks, now=now, expires_at=expires_at)
+        params["b_worker_id"] = worker_id
+        # In a statement scope it commits by itself on both engines (Postgres:
+        # autocommit; SQLite: the commit in the insert's own thread hop).
+        rows, attempt_ids = await self._claiming(
+            TASKS,
+            stmt,
+            params,
+            worker_id=worker_id,
+            now=now,
+            what="create claimed tasks",
+            last=True,
+        )
+        return self._leases(
+            TASKS, rows, worker_id=worker_id, expires_at=expires_at, ids=attempt_ids
+        )
 
     async def inspect(self, queue: QueueSpec, item_id: ItemId) -> ItemState | None:
         with translate_errors(f"inspect {queue.name}"):
@@ -858,7 +916,7 @@ def _completing_many(complete_many: sa.Update) -> sa.Select[Any]:
 
 
 @functools.cache
-def _opening(claim: sa.Update) -> sa.Select[Any]:
+def _opening(claim: sa.Update | sa.Insert) -> sa.Select[Any]:
     """Postgres: the cached tasks claim opening its attempts (built once per
     cached claim: built per call, it was compiled per call on the direct path
     and pushed the other statements out of its compiled cache)."""
@@ -943,6 +1001,7 @@ class SqlRepository:
         self.engine: AsyncEngine = create_engine(self.url, settings)
         self.statements = LeaseStatements(self.engine_name)
         self.hub = hub or WakeupHub()
+        self.identity: str = self.url.render()
         # SQLite has one writer. Writers of this process queue here, on an
         # async lock, instead of spinning in SQLite's busy handler.
         self._write_lock = anyio.Lock() if self.engine_name == "sqlite" else None

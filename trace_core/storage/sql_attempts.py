@@ -66,8 +66,18 @@ def _upsert(insert: Any) -> Any:
 
 
 @functools.cache
-def claim_opening_attempts(claim: sa.Update) -> sa.Select[Any]:
-    """Postgres: ``claim`` (a tasks claim ``UPDATE … RETURNING id, attempt, …``)
+def _opening_upsert(engine_name: str) -> Any:
+    """The upsert that opens attempt rows, built once per engine: its
+    ``excluded`` columns are new objects per build, which made SQLAlchemy
+    rebuild (and re-key) the statement on every claim."""
+    dialect = postgresql if engine_name == "postgres" else sqlite
+    return _upsert(dialect.insert(schema.job_attempts))
+
+
+@functools.cache
+def claim_opening_attempts(claim: sa.Update | sa.Insert) -> sa.Select[Any]:
+    """Postgres: ``claim`` (a tasks claim ``UPDATE … RETURNING id, attempt, …``, or
+    the insert of a task already claimed: :mod:`~trace_core.storage.sql_handoff`)
     that also opens each claimed attempt's row, in one statement; its rows are
     the claim's columns followed by the new ``attempt_id``.
 
@@ -228,8 +238,6 @@ class SqlAttemptOps(SqlArea):
         claimed ``(task_id, attempt)`` pairs, and the new ``attempt_id`` of each
         task, made here: the caller may send the statement in the same step as
         the claim's (:meth:`~trace_core.storage.sql.SqlTransaction.claim`)."""
-        a = schema.job_attempts
-        dialect = postgresql if self.engine_name == "postgres" else sqlite
         opened = {task_id: uuid.uuid4() for task_id, _ in claimed}
         rows = [
             {
@@ -245,7 +253,7 @@ class SqlAttemptOps(SqlArea):
             }
             for task_id, attempt in claimed
         ]
-        return _upsert(dialect.insert(a)), rows, opened
+        return _opening_upsert(self.engine_name), rows, opened
 
     async def open(
         self, claimed: Sequence[tuple[uuid.UUID, int]], *, worker_id: str, now: datetime

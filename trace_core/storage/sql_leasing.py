@@ -28,7 +28,9 @@ __all__ = [
     "LeaseStatements",
     "fence_storable",
     "finishable",
+    "random_token",
     "reply_accepted",
+    "returned_by_claim",
     "status_in",
 ]
 
@@ -56,7 +58,8 @@ def status_in(column: sa.ColumnElement[str], values: Any) -> sa.ColumnElement[bo
     return column.in_([_status(n) for n in names])
 
 
-def _random_token(engine_name: str) -> sa.ColumnElement[Any]:
+def random_token(engine_name: str) -> sa.ColumnElement[Any]:
+    """A fresh random lease token, made by the database (one per row)."""
     if engine_name == "postgres":
         return sa.func.gen_random_uuid()
     # A Uuid column is 32 hex characters on SQLite.
@@ -96,6 +99,15 @@ def reply_accepted(queue: QueueSpec) -> sa.ColumnElement[bool]:
     return finishable(QUEUE_TABLES[queue.name], queue, queue.lifecycle.sources_of(queue.done))
 
 
+def returned_by_claim(qt: QueueTable) -> tuple[sa.ColumnElement[Any], ...]:
+    """The columns a claim returns (and a :class:`~trace_core.model.Lease` is made of)."""
+    # Not lease_expires_at: the claim sets it to its ``expires_at`` parameter,
+    # and the caller has that value already (decoding it per row cost more
+    # than any other column on SQLite, where it comes back as text).
+    c = qt.c
+    return (c.id, qt.attempt, c.claim_version, c.lease_token, c.max_attempts, *qt.data)
+
+
 class LeaseStatements:
     """Builds (and caches) the protocol's statements for one engine."""
 
@@ -105,20 +117,6 @@ class LeaseStatements:
     def table(self, queue: QueueSpec) -> QueueTable:
         """The physical table of ``queue``."""
         return QUEUE_TABLES[queue.name]
-
-    def _returning(self, qt: QueueTable) -> tuple[sa.ColumnElement[Any], ...]:
-        # Not lease_expires_at: the claim sets it to its ``expires_at`` parameter,
-        # and the caller has that value already (decoding it per row cost more
-        # than any other column on SQLite, where it comes back as text).
-        c = qt.c
-        return (
-            c.id,
-            qt.attempt,
-            c.claim_version,
-            c.lease_token,
-            c.max_attempts,
-            *qt.data,
-        )
 
     @functools.cache  # noqa: B019 - one instance per engine, lives as long as the process
     def claim(self, queue: QueueSpec, by_id: bool, gate: ClaimGate | None = None) -> sa.Update:
@@ -140,7 +138,7 @@ class LeaseStatements:
         values: dict[Any, Any] = {
             c.status: queue.claimed,
             c.worker_id: sa.bindparam("b_worker_id"),
-            c.lease_token: _random_token(self.engine_name),
+            c.lease_token: random_token(self.engine_name),
             c.lease_expires_at: sa.bindparam("expires_at"),
             qt.heartbeat: sa.bindparam("now"),
             c.claim_version: c.claim_version + 1,
@@ -156,7 +154,7 @@ class LeaseStatements:
             # The status test is repeated outside the pick so a row that a
             # concurrent claim took between pick and update is not re-taken.
             stmt = self._where_picked(stmt, qt, pick).where(status_in(c.status, queue.ready))
-        return stmt.values(values).returning(*self._returning(qt))
+        return stmt.values(values).returning(*returned_by_claim(qt))
 
     def _where_picked(self, stmt: sa.Update, qt: QueueTable, pick: sa.Select[Any]) -> sa.Update:
         """Restrict ``stmt`` to the rows ``pick`` selects, evaluated exactly once.

@@ -187,28 +187,57 @@ class DirectScope:
                 self._statement(*follow)
             return first
 
+    async def execute_then_commit(
+        self, stmt: sa.Executable, params: Any, then: FollowUp
+    ) -> BufferedResult:
+        """:meth:`execute_then`, then the commit and the return of the
+        connection, all in ONE hop (the scope's last step: :meth:`finish`
+        has nothing left to do). For a scope of one statement, such as the
+        one-commit hand-off, whose floor is a single commit."""
+        self._started = True
+        with anyio.CancelScope(shield=True):
+            done = await anyio.to_thread.run_sync(
+                self._execute_then_commit, stmt, params, then, limiter=self._limiter
+            )
+        return done
+
+    def _execute_then_commit(
+        self, stmt: sa.Executable, params: Any, then: FollowUp
+    ) -> BufferedResult:
+        with self._lock:
+            first = self._statement(stmt, params)
+            follow = then(first.all())
+            if follow is not None:
+                self._statement(*follow)
+            self._end(commit=True)
+            return first
+
     async def finish(self, *, commit: bool) -> None:
         """Commit (or roll back) and return the connection to the pool, in one
         hop that a cancellation does not interrupt. A failed commit rolls back."""
-        if not self._started:
+        if not self._started or self._finished:
             return
         with anyio.CancelScope(shield=True):
             await anyio.to_thread.run_sync(self._finish, commit, limiter=self._limiter)
 
     def _finish(self, commit: bool) -> None:
         with self._lock:
-            self._finished = True
-            conn, self._conn = self._conn, None
-            if conn is None:
-                return
-            try:
-                if commit and conn.in_transaction():
-                    conn.commit()
-            finally:
-                # Rolls back whatever is still open (an error, a failed commit)
-                # before the pool takes it back; should that fail too, the pool's
-                # own reset invalidates the connection: none is pooled mid-transaction.
-                conn.close()
+            self._end(commit)
+
+    def _end(self, commit: bool) -> None:
+        """Commit or roll back, and release the connection; the caller holds ``_lock``."""
+        self._finished = True
+        conn, self._conn = self._conn, None
+        if conn is None:
+            return
+        try:
+            if commit and conn.in_transaction():
+                conn.commit()
+        finally:
+            # Rolls back whatever is still open (an error, a failed commit)
+            # before the pool takes it back; should that fail too, the pool's
+            # own reset invalidates the connection: none is pooled mid-transaction.
+            conn.close()
 
 
 class SqliteDirect:
