@@ -21,7 +21,6 @@ import cProfile
 import os
 import sys
 import time
-import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -41,7 +40,7 @@ from benchmarks._common import (
 )
 from trace_core.standalone import ensure_standalone_job
 from trace_core.storage import schema
-from trace_core.storage.protocol import NewTask
+from trace_core.storage.protocol import NewTask, TaskCreated
 from trace_core.storage.sql import SqlRepository
 from trace_core.tasks import ENQUEUE_TASK, TaskQueue
 
@@ -88,22 +87,24 @@ async def _run(url: str, args: argparse.Namespace, postmaster: int | None) -> di
         started = time.monotonic()
         if profiler is not None:
             profiler.enable()
-        created: list[uuid.UUID] = []
+        answers: list[list[TaskCreated]] = []
         for start in range(0, args.tasks, args.batch):
             stop = min(start + args.batch, args.tasks)
-            done = await queue.create(
-                [
-                    NewTask(job_id, dedupe_key=f"t{i}" if args.dedupe_keys else None)
-                    for i in range(start, stop)
-                ]
+            answers.append(
+                await queue.create(
+                    [
+                        NewTask(job_id, dedupe_key=f"t{i}" if args.dedupe_keys else None)
+                        for i in range(start, stop)
+                    ]
+                )
             )
-            created += [c.task_id for c in done if c.created]
         if profiler is not None:
             profiler.disable()
             profiler.dump_stats(args.profile)
         seconds = time.monotonic() - started
         cpu1 = os.times()
         pg1 = server_cpu_s(postmaster) if postmaster else 0.0
+        created = [c.task_id for done in answers for c in done if c.created]
         async with repo.read() as tx:
             stored = (
                 await tx.connection.execute(sa.select(sa.func.count()).select_from(schema.tasks))
