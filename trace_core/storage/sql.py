@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import itertools
 import uuid
 from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -681,10 +682,7 @@ class SqlTransaction:
             self.channels.update(wakeup.channels)
             self.notified.update(wakeup.channels)
         if not skipped:
-            return [
-                TaskCreated(task_id, True, task.dedupe_key)
-                for task_id, task in zip(batch.ids, tasks, strict=True)
-            ]
+            return list(map(TaskCreated, batch.ids, itertools.repeat(True), batch.keys))
         return [
             TaskCreated(existing[(task.job_id, task.dedupe_key)], False, task.dedupe_key)
             if i in skipped
