@@ -68,12 +68,14 @@ _INSERT = """INSERT INTO tasks (id, job_id, dedupe_key, status, attempt, claim_v
 # INSERT, in any order, which spares each row the speculative insertion of ON
 # CONFLICT (a third of the insert's server time). Tasks with one go in input
 # order, so of two rows of one batch with the same key the first is inserted
-# (as on SQLite), and a key that is taken inserts nothing.
+# (as on SQLite), and a key that is taken inserts nothing. The dedupe index
+# is the only arbiter: the new ids need no probe of the primary key first.
 _INSERTS = (
     "plain AS (" + _INSERT.format(keyed="NULL") + "\n    RETURNING id)",
     "keyed AS ("
     + _INSERT.format(keyed="NOT NULL")
-    + "\n    ORDER BY n\n    ON CONFLICT DO NOTHING RETURNING id)",
+    + "\n    ORDER BY n\n    ON CONFLICT (job_id, dedupe_key) WHERE dedupe_key IS NOT NULL"
+    + "\n    DO NOTHING RETURNING id)",
     "ins AS (SELECT id FROM plain UNION ALL SELECT id FROM keyed)",
 )
 
