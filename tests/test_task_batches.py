@@ -175,3 +175,24 @@ async def test_a_task_of_an_unknown_job_fails_the_whole_batch(
         )
     assert await stored(repo) == {}
     assert await woken(repo) == []
+
+
+async def test_taken_keys_are_found_once_the_statement_is_prepared(
+    repo: SqlRepository, clock: ManualClock
+) -> None:
+    """psycopg prepares a statement after a few executions (then the server
+    may plan it generically): the answer for taken keys must not change."""
+    job = await make_job(repo, clock.now())
+    tq = TaskQueue(repo, clock=clock)
+    first = [await tq.create([NewTask(job, dedupe_key=f"k{i}"), NewTask(job)]) for i in range(8)]
+    again = await tq.create(
+        [
+            NewTask(job, dedupe_key="k3"),
+            NewTask(job, dedupe_key="new"),
+            NewTask(job, dedupe_key="k3"),
+        ]
+    )
+    assert [c.created for c in again] == [False, True, False]
+    assert again[0].task_id == again[2].task_id == first[3][0].task_id
+    assert len(await stored(repo)) == 17
+    assert (await woken(repo))[-1] == [str(again[1].task_id)]
