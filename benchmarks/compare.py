@@ -23,6 +23,12 @@ pays for the other's dirty pages. Pairs:
     Idle enqueue -> claim across processes (LISTEN/NOTIFY), one task every
     20 ms: Trace's ``cross-process`` scenario against a PgQueuer worker.
     Ratio: PgQueuer's median over Trace's (above 1: Trace is faster).
+``postgres-enqueue``
+    ``benchmarks.enqueue`` (``TaskQueue.create`` in batches of 1,000 with
+    their wake-up outbox rows), once without and once with a dedupe key per
+    task, against PgQueuer's ``enqueue`` with lists (batches of 1,000), the
+    same number of tasks (jobs). Ratio: Trace tasks/s over PgQueuer jobs/s;
+    ``ratio_dedupe`` the same with dedupe keys.
 
 One JSON object per pair and run, then one summary per pair with the
 medians of both sides and of the per-run ratios.
@@ -47,7 +53,8 @@ from trace_lite.pgcluster import PostgresCluster
 
 ROOT = Path(__file__).resolve().parent.parent
 PEERS = ROOT / "benchmarks" / "peers"
-PAIRS = ("postgres-drain", "sqlite-drain", "postgres-latency")
+PAIRS = ("postgres-drain", "sqlite-drain", "postgres-latency", "postgres-enqueue")
+ENQUEUE_BATCH = 1000
 
 # Each pair's figure: what it is, its key in Trace's row, its key in the
 # peer's row, and whether higher is better. A drain peer's row is its
@@ -56,14 +63,20 @@ _FIGURES = {
     "postgres-drain": ("tasks_per_s / jobs_per_s", "tasks_per_s", "median_jobs_per_s", True),
     "sqlite-drain": ("tasks_per_s / jobs_per_s", "tasks_per_s", "median_jobs_per_s", True),
     "postgres-latency": ("median_ms", "median_ms", "median_ms", False),
+    "postgres-enqueue": ("tasks_per_s / jobs_per_s", "tasks_per_s", "median_jobs_per_s", True),
 }
+# Further figures of Trace's row, each with its own ratio to the same peer
+# figure (``ratio_<name>``): name -> key in Trace's row.
+_EXTRA_FIGURES = {"postgres-enqueue": {"dedupe": "dedupe_tasks_per_s"}}
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     description = (__doc__ or "").split("\n")[0]
     p = argparse.ArgumentParser(prog="python -m benchmarks.compare", description=description)
     p.add_argument("--runs", type=int, default=3, help="runs of every pair; summaries are medians")
-    p.add_argument("--tasks", type=int, default=30_000, help="drain: tasks (jobs) per run")
+    p.add_argument(
+        "--tasks", type=int, default=30_000, help="drain and enqueue: tasks (jobs) per run"
+    )
     p.add_argument("--samples", type=int, default=300, help="latency: samples per run")
     p.add_argument(
         "--pairs", default=",".join(PAIRS), help=f"comma-separated subset of {', '.join(PAIRS)}"
@@ -134,11 +147,27 @@ class Sides:
             drain = ["--tasks", str(self.args.tasks), "--workers", "1", "--consumers", "1"]
             rows = _json_rows([*queue, "--engine", "sqlite", *drain, "--batch", "500"])
             return _only(rows, mode="drain")
+        if pair == "postgres-enqueue":
+            return self._trace_enqueue()
         samples = ["--samples", str(self.args.samples)]
         rows = _json_rows(
             [*queue, "--engine", "postgres", "--db", self.url, "--mode", "latency", *samples]
         )
         return _only(rows, scenario="cross-process")
+
+    def _trace_enqueue(self) -> dict[str, Any]:
+        """Both Trace rows of the enqueue pair (dedupe keys off, then on), the
+        second after its own ``CHECKPOINT``; the row of the first with the
+        second's figure as ``dedupe_tasks_per_s``."""
+        command = [sys.executable, "-m", "benchmarks.enqueue", "--engine", "postgres"]
+        command += ["--db", self.url, "--tasks", str(self.args.tasks)]
+        command += ["--batch", str(ENQUEUE_BATCH)]
+        plain = _only(_json_rows(command), mode="enqueue")
+        self.settle()
+        dedupe = _only(_json_rows([*command, "--dedupe-keys"]), mode="enqueue")
+        if not (plain["verified"] and dedupe["verified"]):
+            raise RuntimeError(f"enqueue not verified: {plain} {dedupe}")
+        return {**plain, "dedupe_tasks_per_s": dedupe["tasks_per_s"], "dedupe_row": dedupe}
 
     def peer(self, pair: str) -> dict[str, Any]:
         if pair == "postgres-drain":
@@ -149,6 +178,13 @@ class Sides:
             script = [self.peers, str(PEERS / "huey_drain.py"), "--jobs", str(self.args.tasks)]
             rows = _json_rows([*script, "--workers", "4", "--sync", "normal", "--runs", "1"])
             return _only(rows, peer="huey", summary=True)
+        if pair == "postgres-enqueue":
+            script = [self.peers, str(PEERS / "pgqueuer_enqueue.py"), "--db", self.url]
+            jobs = ["--jobs", str(self.args.tasks), "--batch", str(ENQUEUE_BATCH), "--runs", "1"]
+            row = _only(_json_rows([*script, *jobs]), peer="pgqueuer", summary=True)
+            if not row["all_verified"]:
+                raise RuntimeError(f"PgQueuer's enqueue not verified: {row}")
+            return row
         script = [self.peers, str(PEERS / "pgqueuer_latency.py"), "--db", self.url]
         rows = _json_rows([*script, "--samples", str(self.args.samples)])
         return _only(rows, peer="pgqueuer")
@@ -171,6 +207,10 @@ def _measure(pair: str, run: int, sides: Sides) -> dict[str, Any]:
     peer_row = got["peer"]
     peer_figure = float(peer_row[peer_key])
     ratio = trace_figure / peer_figure if higher_better else peer_figure / trace_figure
+    extra: dict[str, Any] = {}
+    for name, key in _EXTRA_FIGURES.get(pair, {}).items():
+        extra[f"trace_{name}"] = float(got["trace"][key])
+        extra[f"ratio_{name}"] = round(float(got["trace"][key]) / peer_figure, 3)
     return {
         "pair": pair,
         "run": run,
@@ -181,6 +221,7 @@ def _measure(pair: str, run: int, sides: Sides) -> dict[str, Any]:
         "trace_row": got["trace"],
         "peer_row": peer_row,
         "ratio": round(ratio, 3),
+        **extra,
         "load_average_before": load,
     }
 
@@ -198,18 +239,21 @@ def main(argv: Sequence[str] | None = None) -> int:
                 emit(row)
                 results[pair].append(row)
     for pair, rows in results.items():
-        emit(
-            {
-                "pair": pair,
-                "summary": True,
-                "runs": len(rows),
-                "figure": rows[0]["figure"],
-                "trace_median": round(median([r["trace"] for r in rows]), 3),
-                "peer_median": round(median([r["peer"] for r in rows]), 3),
-                "ratio_median": round(median([r["ratio"] for r in rows]), 3),
-                "ratios": [r["ratio"] for r in rows],
-            }
-        )
+        summary = {
+            "pair": pair,
+            "summary": True,
+            "runs": len(rows),
+            "figure": rows[0]["figure"],
+            "trace_median": round(median([r["trace"] for r in rows]), 3),
+            "peer_median": round(median([r["peer"] for r in rows]), 3),
+            "ratio_median": round(median([r["ratio"] for r in rows]), 3),
+            "ratios": [r["ratio"] for r in rows],
+        }
+        for name in _EXTRA_FIGURES.get(pair, {}):
+            summary[f"trace_{name}_median"] = round(median([r[f"trace_{name}"] for r in rows]), 3)
+            summary[f"ratio_{name}_median"] = round(median([r[f"ratio_{name}"] for r in rows]), 3)
+            summary[f"ratios_{name}"] = [r[f"ratio_{name}"] for r in rows]
+        emit(summary)
     return 0
 
 

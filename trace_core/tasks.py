@@ -100,9 +100,10 @@ class TaskQueue:
                 raise ConfigurationError(f"tasks[{i}].dedupe_key must not be blank")
             if task.handicap_seconds < 0:
                 raise ConfigurationError(f"tasks[{i}].handicap_seconds must be >= 0")
-        # A small batch is one statement (tasks, wake-up row, notify): on Postgres
-        # it runs in autocommit, sparing the BEGIN and COMMIT round trips.
-        single = tx is None and len(tasks) <= WAKEUP_CHUNK
+        # A batch of any size is one statement (tasks, wake-up rows, notify): on
+        # Postgres it runs in autocommit on the driver, sparing the BEGIN and
+        # COMMIT round trips; on SQLite a statement scope is one transaction.
+        single = tx is None
         if single and len(tasks) == 1 and self.handoff:
             handed = await self._hand_off(tasks)
             if handed is not None:

@@ -140,17 +140,20 @@ def wakeup_rows_sql(source: str, id_column: str) -> str:
     (no rows when it is NULL), with ``:wake_attempts`` attempts, created at
     ``:now`` — for a CTE of a statement that creates the tasks itself, so no
     task id makes a round trip. ``source`` and ``id_column`` are SQL names of
-    the calling statement, never input.
+    the calling statement, never input. Rows and the ids in each follow
+    ``id_column``'s order (the input order, for time-ordered ids), as
+    :meth:`~trace_core.storage.protocol.Transaction.wake_tasks` writes them.
     """
     return f"""INSERT INTO outbox (kind, payload, status, available_at, attempts, claim_version,
                     max_attempts, created_at)
 SELECT CAST(:wake_kind AS text),
-       jsonb_build_object('task_ids', jsonb_agg(CAST({id_column} AS text))),
+       jsonb_build_object('task_ids', jsonb_agg(CAST({id_column} AS text) ORDER BY {id_column})),
        'Pending', :now, 0, 0, :wake_attempts, :now
 FROM (SELECT {id_column}, (row_number() OVER (ORDER BY {id_column}) - 1) / :wake_chunk AS chunk
       FROM {source}) AS woken
 WHERE CAST(:wake_kind AS text) IS NOT NULL
-GROUP BY chunk"""
+GROUP BY chunk
+ORDER BY chunk"""
 
 
 def wakeup_params(wakeup: Wakeup, now: datetime) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """Postgres: the protocol's hot single statements, run on the driver directly.
 
-A claim, a heartbeat, a batch completion or a small enqueue is one atomic
+A claim, a heartbeat, a batch completion or an enqueue is one atomic
 statement in autocommit. Through SQLAlchemy's async layer each also paid a
 pool checkout, an isolation-level switch there and back, greenlet hops and
 per-call parameter handling: ~0.65 ms of client time on top of a statement

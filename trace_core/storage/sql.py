@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import itertools
 import uuid
 from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -19,7 +20,6 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from trace_core.errors import ConfigurationError
 from trace_core.model import TASKS, Fence, ItemState, Lease, QueueSpec
 from trace_core.storage import schema
-from trace_core.storage.bulk import bulk_insert, records_param, wakeup_params, wakeup_rows_sql
 from trace_core.storage.engine import SQLITE_BEGIN, EngineSettings, create_engine
 from trace_core.storage.protocol import (
     IdempotencyRecord,
@@ -64,6 +64,7 @@ from trace_core.storage.sql_routing import SqlRoutingOps
 from trace_core.storage.sql_sources import SqlSourceOps
 from trace_core.storage.sql_standalone import SqlStandaloneOps
 from trace_core.storage.sql_status import SqlStatusOps
+from trace_core.storage.sql_task_create import create_tasks_statement, new_task_batch
 from trace_core.storage.sql_tasks import SqlTaskOps
 from trace_core.storage.sql_webhook_delivery import SqlWebhookDeliveryOps
 from trace_core.storage.sql_webhook_receipts import SqlWebhookReceiptOps
@@ -667,19 +668,13 @@ class SqlTransaction:
     async def create_tasks(
         self, tasks: Sequence[NewTask], *, now: datetime, wakeup: TaskWakeup | None = None
     ) -> list[TaskCreated]:
+        if self.engine_name == "postgres":
+            return await self._create_tasks_in_one(tasks, now, wakeup)
         t = schema.tasks
         ids = [uuid.uuid4() for _ in tasks]
         created: set[uuid.UUID] = set()
-        # One statement inserts, wakes and notifies when the wake-ups fit one row.
-        in_one = (
-            self.engine_name == "postgres" and wakeup is not None and 0 < len(tasks) <= wakeup.chunk
-        )
         with translate_errors("create tasks"):
-            if in_one and wakeup is not None:
-                created.update(await self._bulk_insert_tasks(ids, tasks, now, wakeup))
-            elif tasks and self.engine_name == "postgres":
-                created.update(await self._bulk_insert_tasks(ids, tasks, now))
-            elif tasks:
+            if tasks:
                 rows = [
                     {
                         "id": task_id,
@@ -714,13 +709,43 @@ class SqlTransaction:
                     if task_id not in created
                 ]
             )
-        if wakeup is not None and not in_one:
+        if wakeup is not None:
             await self.wake_tasks([i for i in ids if i in created], wakeup, now=now)
         return [
             TaskCreated(task_id, True, task.dedupe_key)
             if task_id in created
             else TaskCreated(existing[(task.job_id, task.dedupe_key)], False, task.dedupe_key)
             for task_id, task in zip(ids, tasks, strict=True)
+        ]
+
+    async def _create_tasks_in_one(
+        self, tasks: Sequence[NewTask], now: datetime, wakeup: TaskWakeup | None
+    ) -> list[TaskCreated]:
+        """Postgres: any number of tasks, their wake-up rows and the notify in
+        one statement (:mod:`~trace_core.storage.sql_task_create`)."""
+        if not tasks:
+            return []
+        batch = new_task_batch(tasks, now=now, wakeup=wakeup)
+        with translate_errors("create tasks"):
+            ((inserted, _, missing),) = await self._fetch(
+                create_tasks_statement(wakeup), batch.params
+            )
+            # A row that was not inserted lost a dedupe race (or repeats a key):
+            # answer with the id of the task that holds the key.
+            skipped = {n - 1 for n in missing or ()}
+            existing = await self._existing_task_ids(
+                [(tasks[i].job_id, tasks[i].dedupe_key) for i in sorted(skipped)]
+            )
+        if inserted and wakeup is not None:
+            self.channels.update(wakeup.channels)
+            self.notified.update(wakeup.channels)
+        if not skipped:
+            return list(map(TaskCreated, batch.ids, itertools.repeat(True), batch.keys))
+        return [
+            TaskCreated(existing[(task.job_id, task.dedupe_key)], False, task.dedupe_key)
+            if i in skipped
+            else TaskCreated(task_id, True, task.dedupe_key)
+            for i, (task_id, task) in enumerate(zip(batch.ids, tasks, strict=True))
         ]
 
     async def wake_tasks(
@@ -738,53 +763,6 @@ class SqlTransaction:
                 now=now,
             )
         self.channels.update(wakeup.channels)
-
-    async def _bulk_insert_tasks(
-        self,
-        ids: Sequence[uuid.UUID],
-        tasks: Sequence[NewTask],
-        now: datetime,
-        wakeup: TaskWakeup | None = None,
-    ) -> list[uuid.UUID]:
-        """Postgres: every row in one ``INSERT … SELECT FROM jsonb_to_recordset``.
-
-        Rows are built JSON-ready (strings formatted once per job and per
-        handicap), since per-value conversion dominated routing's client time.
-        """
-        created_at = now.isoformat()
-        jobs: dict[uuid.UUID, str] = {}
-        queued: dict[float, str] = {}
-        rows = []
-        for task_id, task in zip(ids, tasks, strict=True):
-            job = jobs.get(task.job_id) or jobs.setdefault(task.job_id, str(task.job_id))
-            at = queued.get(task.handicap_seconds) or queued.setdefault(
-                task.handicap_seconds,
-                (now + timedelta(seconds=task.handicap_seconds)).isoformat(),
-            )
-            rows.append(
-                {
-                    "id": task_id.hex,
-                    "job_id": job,
-                    "dedupe_key": task.dedupe_key,
-                    "status": "Queued",
-                    "attempt": 1,
-                    "claim_version": 0,
-                    "partitions": list(task.partitions) if task.partitions is not None else None,
-                    "input_versions": task.input_versions,
-                    "max_attempts": task.max_attempts,
-                    "created_at": created_at,
-                    "queued_at": at,
-                }
-            )
-        params: dict[str, Any] = {"rows": records_param(rows)}
-        if wakeup is None:
-            found = await self._fetch(_insert_tasks(tuple(rows[0])), params)
-        else:
-            params |= wakeup_params(wakeup, now)
-            found = await self._fetch(_insert_and_wake(tuple(rows[0]), wakeup), params)
-            self.channels.update(wakeup.channels)
-            self.notified.update(wakeup.channels)
-        return [row[0] for row in found]
 
     async def _existing_task_ids(
         self, keys: list[tuple[uuid.UUID, str | None]]
@@ -928,46 +906,6 @@ def _closing(finish: sa.Update) -> sa.Select[Any]:
     """Postgres: the cached fenced finish of a task closing its attempt (built
     once per cached transition, so the direct pool compiles it once)."""
     return finish_closing_attempts(finish)
-
-
-@functools.cache
-def _insert_tasks(names: tuple[str, ...]) -> Any:
-    """``INSERT INTO tasks … FROM jsonb_to_recordset … RETURNING id`` (built once:
-    constructing it per call cost more than running it)."""
-    t = schema.tasks
-    return bulk_insert(t, names).on_conflict_do_nothing().returning(t.c.id)
-
-
-@functools.cache
-def _insert_and_wake(names: tuple[str, ...], wakeup: TaskWakeup) -> sa.Select[Any]:
-    """Postgres: insert tasks, write their wake-up row and notify, in ONE statement.
-
-    ``WITH ins AS (INSERT … RETURNING id), wake AS (INSERT INTO outbox … FROM
-    ins), note AS (SELECT pg_notify(…) WHERE EXISTS ins) SELECT ins.id, (SELECT
-    count(*) FROM note) FROM ins``: one round trip instead of five (BEGIN,
-    tasks, outbox, NOTIFY, COMMIT) when run in autocommit — the enqueue half
-    of enqueue-to-claim latency. The wake-up rows are routing's
-    (:func:`~trace_core.storage.bulk.wakeup_rows_sql`).
-    """
-    ins = _insert_tasks(names).cte("ins")
-    # Added first so that it is rendered before the textual CTE reading it.
-    query = sa.select(ins.c.id).add_cte(ins)
-    if wakeup.outbox_kind is not None:
-        wake = (
-            sa.text(wakeup_rows_sql("ins", "id"))
-            .bindparams(sa.bindparam("now", type_=schema.outbox.c.created_at.type))
-            .columns()
-            .cte("wake")
-        )
-        query = query.add_cte(wake)
-    if wakeup.channels:
-        note = (
-            sa.select(*(sa.func.pg_notify(ch, "") for ch in sorted(wakeup.channels)))
-            .where(sa.exists(sa.select(ins.c.id)))
-            .cte("note")
-        )
-        query = query.add_columns(sa.select(sa.func.count()).select_from(note).scalar_subquery())
-    return query
 
 
 @functools.cache

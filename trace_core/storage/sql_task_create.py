@@ -1,0 +1,192 @@
+"""Postgres: a batch of new tasks, their wake-up rows and the notify in ONE statement.
+
+:meth:`~trace_core.storage.sql.SqlTransaction.create_tasks` sends any number
+of tasks as one statement with a handful of parameters, each a whole column:
+
+- ids are made on the server from one time-ordered block
+  (:func:`~trace_core.storage.bulk.id_block` plus the row's ordinal), so no id
+  travels and the batch's primary-key entries are appended to the index, not
+  scattered over it; the client computes the same ids by integer arithmetic;
+- job ids, attempts and claim-order times are Postgres array literals built
+  with one ``join`` (values formatted once per distinct job and handicap);
+- dedupe keys are one JSON array (quoting done by the C encoder), or NULL
+  when no task has one; partitions and pinned inputs one JSON array of
+  records, or NULL when no task has any (the common case sends nothing).
+
+The server unpacks the columns side by side (``ROWS FROM … WITH
+ORDINALITY``), inserts in input order (``ON CONFLICT DO NOTHING``: a dedupe
+key that is taken, by another task or by an earlier row of the same batch,
+inserts nothing), writes the wake-up rows of the inserted tasks
+(:func:`~trace_core.storage.bulk.wakeup_rows_sql`) and notifies, then
+answers one row: how many tasks were inserted, and the ordinals of the rows
+that were not (NULL when all were), so the common case fetches no ids at all.
+Measured by ``benchmarks.enqueue`` (the ``postgres-enqueue`` pair of
+``benchmarks.compare``).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import operator
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+import sqlalchemy as sa
+
+from trace_core.storage import schema
+from trace_core.storage.bulk import id_block, records_param, wakeup_params, wakeup_rows_sql
+from trace_core.storage.protocol import NewTask, TaskWakeup
+
+__all__ = ["NewTaskBatch", "consecutive_ids", "create_tasks_statement", "new_task_batch"]
+
+_INPUT = """input AS (
+    SELECT CAST(:id_prefix || lpad(to_hex(r.n), 8, '0') AS uuid) AS id, r.n, r.job_id,
+           r.dedupe_key, r.max_attempts, r.queued_at, r.extra
+    FROM ROWS FROM (
+        unnest(CAST(:job_ids AS uuid[])),
+        jsonb_array_elements_text(CAST(:dedupe_keys AS jsonb)),
+        unnest(CAST(:max_attempts AS integer[])),
+        unnest(CAST(:queued_at AS timestamptz[])),
+        jsonb_array_elements(CAST(:extras AS jsonb))
+    ) WITH ORDINALITY AS r(job_id, dedupe_key, max_attempts, queued_at, extra, n)
+)"""
+
+_INSERT = """INSERT INTO tasks (id, job_id, dedupe_key, status, attempt, claim_version,
+                       partitions, input_versions, max_attempts, created_at, queued_at)
+    SELECT id, job_id, dedupe_key, 'Queued', 1, 0,
+           CASE WHEN jsonb_typeof(extra -> 'partitions') = 'array'
+                THEN ARRAY(SELECT jsonb_array_elements_text(extra -> 'partitions')) END,
+           NULLIF(extra -> 'input_versions', 'null'::jsonb), max_attempts, :now, queued_at
+    FROM input
+    WHERE dedupe_key IS {keyed}"""
+
+# Tasks without a dedupe key cannot conflict (their ids are new): a plain
+# INSERT, in any order, which spares each row the speculative insertion of ON
+# CONFLICT (a third of the insert's server time). Tasks with one go in input
+# order, so of two rows of one batch with the same key the first is inserted
+# (as on SQLite), and a key that is taken inserts nothing. The dedupe index
+# is the only arbiter: the new ids need no probe of the primary key first.
+_INSERTS = (
+    "plain AS (" + _INSERT.format(keyed="NULL") + "\n    RETURNING id)",
+    "keyed AS ("
+    + _INSERT.format(keyed="NOT NULL")
+    + "\n    ORDER BY n\n    ON CONFLICT (job_id, dedupe_key) WHERE dedupe_key IS NOT NULL"
+    + "\n    DO NOTHING RETURNING id)",
+    "ins AS (SELECT id FROM plain UNION ALL SELECT id FROM keyed)",
+)
+
+# The ordinals of rows not inserted, looked for only when some were not.
+_ANSWER = """SELECT (SELECT count(*) FROM ins) AS created, {notified} AS notified,
+       CASE WHEN (SELECT count(*) FROM ins) < (SELECT count(*) FROM input)
+            THEN ARRAY(SELECT n FROM input WHERE id NOT IN (SELECT id FROM ins) ORDER BY n)
+       END AS missing"""
+
+
+@functools.cache
+def create_tasks_statement(wakeup: TaskWakeup | None) -> sa.TextClause:
+    """The statement for tasks announced as ``wakeup`` says (built once per
+    wake-up: the direct path compiles it once). Its parameters are
+    :attr:`NewTaskBatch.params`; it answers ``(created, notified, missing)``."""
+    ctes = [_INPUT, *_INSERTS]
+    binds = [
+        sa.bindparam("now", type_=schema.tasks.c.created_at.type),
+    ]
+    if wakeup is not None and wakeup.outbox_kind is not None:
+        ctes.append(f"wake AS ({wakeup_rows_sql('ins', 'id')})")
+    notified = "0"
+    if wakeup is not None and wakeup.channels:
+        # Channel names are the code's constants, bound as literals all the same.
+        names = [f"ch{i}" for i in range(len(wakeup.channels))]
+        calls = ", ".join(f"pg_notify(:{name}, '')" for name in names)
+        ctes.append(f"note AS (SELECT {calls} WHERE EXISTS (SELECT 1 FROM ins))")
+        binds += [
+            sa.bindparam(name, value=channel)
+            for name, channel in zip(names, sorted(wakeup.channels), strict=True)
+        ]
+        notified = "(SELECT count(*) FROM note)"
+    sql = "WITH " + ",\n".join(ctes) + "\n" + _ANSWER.format(notified=notified)
+    return sa.text(sql).bindparams(*binds)
+
+
+@dataclass(frozen=True)
+class NewTaskBatch:
+    """One batch as :func:`create_tasks_statement` takes it."""
+
+    ids: list[uuid.UUID]
+    """The id each task gets if it is inserted, in input order."""
+    keys: Sequence[str | None]
+    """The tasks' dedupe keys, in input order."""
+    params: dict[str, Any]
+
+
+_new = object.__new__
+_set = object.__setattr__
+_SAFE = uuid.SafeUUID.unknown
+
+
+def consecutive_ids(base: int, count: int) -> list[uuid.UUID]:
+    """``UUID(int=base + n)`` for n in 1..count, made the way ``uuid.UUID``
+    stores itself (its two slots) without its argument parsing: a batch makes
+    thousands, and ``UUID(int=...)`` cost as much as the rest of the batch's
+    encoding."""
+    ids = []
+    for value in range(base + 1, base + count + 1):
+        made = _new(uuid.UUID)
+        _set(made, "int", value)
+        _set(made, "is_safe", _SAFE)
+        ids.append(made)
+    return ids
+
+
+def _array(values: Iterable[str]) -> str:
+    """A Postgres array literal of values that need no quoting (hex ids,
+    integers, ISO timestamps)."""
+    return "{" + ",".join(values) + "}"
+
+
+_COLUMNS = operator.attrgetter(
+    "job_id", "dedupe_key", "max_attempts", "handicap_seconds", "partitions", "input_versions"
+)
+
+
+def new_task_batch(
+    tasks: Sequence[NewTask], *, now: datetime, wakeup: TaskWakeup | None
+) -> NewTaskBatch:
+    """The ids and parameters of ``tasks`` created at ``now``."""
+    count = len(tasks)
+    prefix = id_block()
+    # Ordinals start at 1 (WITH ORDINALITY); the server appends them in hex.
+    ids = consecutive_ids(int(prefix, 16) << 32, count)
+    # The batch as columns, and each column encoded, by loops that run in C
+    # (attrgetter, zip, map, join, count): per task, Python costs more than
+    # the server's insert.
+    columns = list(zip(*map(_COLUMNS, tasks), strict=True)) or [()] * 6
+    jobs, keys, attempts, handicaps, partitions, pinned = columns
+    job_hex = {job: job.hex for job in set(jobs)}
+    queued = {h: (now + timedelta(seconds=h)).isoformat() for h in set(handicaps)}
+    has_extras = partitions.count(None) < count or pinned.count(None) < count
+    params: dict[str, Any] = {
+        "id_prefix": prefix,
+        "job_ids": _array(map(job_hex.__getitem__, jobs)),
+        "dedupe_keys": json.dumps(keys) if keys.count(None) < count else None,
+        "max_attempts": _array(map(str, attempts)),
+        "queued_at": _array(map(queued.__getitem__, handicaps)),
+        "extras": (
+            records_param(
+                [
+                    {"partitions": None if p is None else list(p), "input_versions": v}
+                    for p, v in zip(partitions, pinned, strict=True)
+                ]
+            )
+            if has_extras
+            else None
+        ),
+        "now": now,
+    }
+    if wakeup is not None and wakeup.outbox_kind is not None:
+        params |= wakeup_params(wakeup, now)
+    return NewTaskBatch(ids, keys, params)
