@@ -56,7 +56,7 @@ from trace_testing.history import EffectLedger
 from trace_testing.outage_workers import run_worker_through_outages
 from trace_testing.workers import STAT_NAMES, WorkerConfig
 
-KIT_TASKS = 900
+KIT_TASKS = 240
 """Tasks the kit workers drain; the crashes come at a third and two thirds."""
 
 
