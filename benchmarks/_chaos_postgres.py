@@ -29,7 +29,8 @@ Trace.
     throughput per phase; and the ratios held/control of throughput and of
     claim latency p50 in a window starting 15 s after the hold ended (the
     issue's target: both within 20 % of the control, i.e. throughput ratio
-    >= 0.8 and latency ratio <= 1.2).
+    >= 0.8 and latency ratio <= 1.2), and the same window against the held
+    run's own phase before (less exposed to a busy machine's drift).
 
 ``--scale`` multiplies the task count (crash) and every phase's length
 (snapshot: 20 s before, 60 s held, 30 s after at scale 1).
@@ -378,6 +379,10 @@ def _run_snapshot(engine: Engine, options: Mapping[str, Any]) -> dict[str, Any]:
             "after_offset_s": round(offset, 3),
             "throughput_ratio_after": _ratio(held_rate, control_rate),
             "claim_p50_ratio_after": _ratio(held_p50, control_p50),
+            # The same window against the held run's own phase before: on a
+            # busy machine the control run drifts more than the run itself.
+            "throughput_after_vs_before": _ratio(held_rate, row["before_per_s"]),
+            "claim_p50_after_vs_before": _ratio(held_p50, row["held_claim_before_p50_ms"]),
         }
     )
     return row

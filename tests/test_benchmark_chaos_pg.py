@@ -49,7 +49,8 @@ def test_the_postgres_scenarios_report_their_phases_and_lose_nothing(
                 assert f"{run}_claim_{phase}_{pct}_ms" in snapshot, (run, phase, pct)
     for phase in ("before", "during", "after"):
         assert f"control_{phase}_per_s" in snapshot
-    assert "throughput_ratio_after" in snapshot and "claim_p50_ratio_after" in snapshot
+    for key in ("throughput", "claim_p50"):
+        assert f"{key}_ratio_after" in snapshot and f"{key}_after_vs_before" in snapshot
 
 
 def test_the_postgres_scenarios_are_skipped_on_sqlite(capsys: pytest.CaptureFixture[str]) -> None:
