@@ -11,10 +11,8 @@ processes run ``mark`` (``tests/outage_operators.py``).
   once the cluster is back, the server (API and Dispatcher) recovers by
   itself: a lease claimed before the outage completes, a new task is woken,
   run in-process, routed and its downstream task completed.
-- The cluster is crash-restarted twice (``pg_ctl stop -m immediate`` and a
-  new start: :meth:`~trace_lite.pgcluster.PostgresCluster.crash_restart`)
-  with work in flight: afterwards new tasks are still woken, routed and
-  completed, every task is completed (nothing is lost), and no process died.
+- Two crash-restarts with work in flight, under ``serve``, its workers and
+  kit workers, are ``tests/test_chaos_postgres.py``'s (on these helpers).
 
 Every wait is bounded and waits on a condition (an HTTP answer, a row, a
 marker file), never a fixed sleep.
@@ -40,7 +38,6 @@ from tests.test_e2e_http import (  # the process helpers of the end-to-end test
     _free_port,
     _spawn,
     _until,
-    worker_args,
 )
 from tests.test_e2e_http import processes as e2e_processes  # noqa: F401 (a fixture)
 from trace_core.api.capability import CAPABILITY_HEADER
@@ -413,50 +410,6 @@ def test_every_route_answers_503_while_postgres_is_down_and_the_server_recovers(
     assert "unhandled error" not in log and "Traceback" not in log, log
     # Each loop logged the outage once, not once per retry.
     assert log.count("outbox relay: DatabaseUnavailable") == 1, log
-
-
-def test_work_survives_two_crash_restarts_under_serve_and_workers(
-    cluster: PostgresCluster, tmp_path: Path, spawned: Processes
-) -> None:
-    markers = tmp_path / "markers"
-    markers.mkdir()
-    url = _database(cluster, markers, mark_timeout=5)
-    base = _serve(url, tmp_path, spawned)
-    for name in ("w-a", "w-b"):
-        spawned.append(_spawn(worker_args(base, name, OPERATORS_REF), tmp_path / f"{name}.log"))
-    ticks: list[uuid.UUID] = []
-
-    def all_done() -> bool | None:
-        tasks = _tasks(url)
-        marks = [t for t in tasks.values() if t[0] == "mark"]
-        finished = all(status == "Completed" for _, status, _ in tasks.values())
-        return (finished and len(marks) == len(ticks)) or None
-
-    with httpx.Client(base_url=base, headers=AUTH, timeout=30) as api:
-        for round_ in range(3):
-            # Work in flight when the database crashes: woken, running, routing.
-            ticks.extend(_trigger(api, f"r{round_}-{i}") for i in range(5))
-            if round_ < 2:
-                cluster.crash_restart()
-        _until("every task completed after two crash-restarts", all_done)
-        # And new tasks are still woken, routed and completed afterwards.
-        ticks.extend(_trigger(api, f"after-{i}") for i in range(3))
-        _until("the tasks triggered after the restarts", all_done)
-
-    tasks = _tasks(url)
-    marks = {task_id for task_id, (job, _, _) in tasks.items() if job == "mark"}
-    assert len([t for t in tasks.values() if t[0] == "tick"]) == len(ticks) == 18
-    assert len(marks) == len(ticks)  # one routed task per tick: nothing lost
-    ran = {p.name.split("-", 1)[1].rsplit("-", 1)[0] for p in markers.glob("done-*")}
-    assert {str(m) for m in marks} <= ran
-    for process, _ in spawned:
-        assert process.poll() is None, f"process {process.args} died"
-    # The listener lost its connection at each crash and came back by itself,
-    # logging each outage once (and its end once), not once per retry.
-    log = (tmp_path / "serve.log").read_text()
-    # (One streak, when the second crash came before it had reconnected.)
-    streaks = log.count("wake-up listener: OperationalError")
-    assert 1 <= streaks <= 2 and log.count("wake-up listener: recovered") == streaks, log
 
 
 @pytest.mark.anyio

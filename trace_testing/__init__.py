@@ -13,6 +13,7 @@ database keep the ownership protocol's guarantees (docs/testing.md).
 - :mod:`trace_testing.faults`: SIGKILL, SIGSTOP/SIGCONT, Postgres crash
   restarts, snapshot-holding idle transactions, full disks;
 - :mod:`trace_testing.workers`: a task worker process for the fault tools;
+  :mod:`trace_testing.outage_workers`: the same, carried through database outages;
 - :mod:`trace_testing.postgres`: the run's Postgres server and its pool of
   migrated databases; :mod:`trace_testing.dispatcher`,
   :mod:`trace_testing.lite`: a Dispatcher run until idle, the lite platform.
