@@ -95,6 +95,10 @@ class WorkerConfig:
     """Longer than the lease: the lease expires under the worker's feet."""
     maintenance_seconds: float = 0.25
     idle_seconds: float = 0.02
+    complete_together: bool = False
+    """Commit a claimed batch in one transaction (every effect and fenced
+    completion), each task on its own again if one of them is refused: a
+    cheap worker, to drain tens of thousands of tasks in a test."""
     handler: str | None = None
     """``"module:function"`` of the code under test, an async ``(tx, lease)``
     (a :data:`~trace_testing.drain.Handler`): it runs in the completion's
@@ -157,6 +161,10 @@ async def _work(config: WorkerConfig, stats: Any, stop: Any) -> None:
                 continue
             stats[CLAIMED] += len(leases)
             stats[HOLDING] = len(leases)
+            if config.complete_together and len(leases) > 1:
+                await _process_together(queue, repo, config, rng, stats, leases, handler)
+                stats[HOLDING] = 0
+                continue
             for i, lease in enumerate(leases):
                 await _process(queue, repo, config, rng, stats, lease, handler)
                 stats[HOLDING] = len(leases) - i - 1
@@ -184,13 +192,61 @@ async def _process(
         except StaleClaim:
             stats[HEARTBEAT_STALE] += 1
             return
-    # The effect's work, outside any transaction (SQLite has one writer).
+    await _effect_work(config, rng, stats)
+    await _commit(queue, repo, config, stats, lease, handler, expires_at)
+
+
+async def _effect_work(config: WorkerConfig, rng: random.Random, stats: Any) -> None:
+    """The effect's work, outside any transaction (SQLite has one writer)."""
     stats[IN_EFFECT] = 1
     if rng.random() < config.long_hold_probability:
         await anyio.sleep(config.long_hold_seconds)
     else:
         await anyio.sleep(rng.uniform(0, config.max_effect_seconds))
     stats[IN_EFFECT] = 0
+
+
+async def _process_together(
+    queue: TaskQueue,
+    repo: SqlRepository,
+    config: WorkerConfig,
+    rng: random.Random,
+    stats: Any,
+    leases: list[Any],
+    handler: Handler | None,
+) -> None:
+    """The batch's effects, then one transaction for all (see ``complete_together``)."""
+    for _ in leases:
+        await _effect_work(config, rng, stats)
+    try:
+        async with repo.transaction() as tx:
+            for lease in leases:
+                await EffectLedger.record(tx, lease.fence, config.name)
+                if handler is not None:
+                    await handler(tx, lease)
+                await queue.complete(lease.fence, tx=tx)
+    except (StaleClaim, DuplicateItem):
+        # The whole batch rolled back: commit each on its own, so that the
+        # leases still held complete and the refused one is counted.
+        for lease in leases:
+            await _commit(queue, repo, config, stats, lease, handler, lease.expires_at)
+        return
+    stats[COMPLETED] += len(leases)
+    if datetime.now(UTC) > leases[0].expires_at:
+        stats[LATE_ACCEPTED] += len(leases)
+
+
+async def _commit(
+    queue: TaskQueue,
+    repo: SqlRepository,
+    config: WorkerConfig,
+    stats: Any,
+    lease: Any,
+    handler: Handler | None,
+    expires_at: datetime,
+) -> None:
+    """The effect and the fenced completion of ``lease``, in one transaction."""
+    fence = lease.fence
     try:
         async with repo.transaction() as tx:
             # The effect first, then the fenced completion: if the completion
