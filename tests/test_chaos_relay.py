@@ -32,6 +32,7 @@ async def test_relay_killed_mid_batch_loses_no_row(
         report_path=tmp_path / "relay.txt",
         # A delivery takes a moment, so that each kill finds rows in flight.
         relay_options={"handler_seconds": 0.002, "lease_seconds": 1.0},
+        bound_seconds=300.0,  # a bound for a hung run, far above the ~10 s it takes
     )
     history = report.history
     print(
