@@ -4,7 +4,7 @@ SIGCONTed, during a drain of 2,000 tasks (``--scale`` multiplies the count).
 Two :func:`~trace_testing.workers.run_worker` processes drain the backlog
 while a probe (:mod:`trace_testing.probe`) holds four tasks and heartbeats
 them; once a third of the backlog is done it is frozen, until the others
-have reclaimed and completed its tasks (a 1 s lease), then thawed to try a
+have reclaimed and completed its tasks (a 2 s lease), then thawed to try a
 heartbeat, the effect with its completion, and a failure under each stale
 lease (:func:`trace_testing.chaos_workers.pause_past_lease`). The fault is
 the pause. The row adds the history checker's findings and the paused

@@ -68,7 +68,7 @@ async def test_a_worker_paused_past_its_lease_writes_nothing_after_it_resumes(
         tasks=200,
         held=held,
         report_path=tmp_path / "workers.txt",
-        lease_seconds=1.0,
+        lease_seconds=2.0,
         bound_seconds=300.0,
     )
     lines = [line for line in report.worker_reports.splitlines() if not line.startswith("HELD ")]

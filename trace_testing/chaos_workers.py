@@ -324,7 +324,7 @@ async def pause_past_lease(
     workers_running: int = 2,
     held: int = 4,
     seed: int = 11,
-    lease_seconds: float = 1.0,
+    lease_seconds: float = 2.0,
     batch: int = 16,
     bound_seconds: float = 60.0,
     progress: Progress | None = None,
@@ -383,6 +383,12 @@ async def pause_past_lease(
                 describe=describe,
             )
             await pause_outside_writes(probes, PROBE_NAME, deadline)
+            if probes.stat(PROBE_NAME, "in_effect") != 1:
+                probes.resume(PROBE_NAME)
+                raise RuntimeError(
+                    "the probe lost its leases before the pause: a heartbeat came later "
+                    f"than the lease ({lease_seconds} s; a starved machine?): {describe()}"
+                )
             observer.fault_started()
             paused_at = time.monotonic()
 

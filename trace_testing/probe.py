@@ -3,7 +3,7 @@ pause scenario (:func:`trace_testing.chaos_workers.pause_past_lease`).
 
 Run as a :class:`~trace_testing.faults.WorkerFleet` target, it claims a batch
 of tasks, writes their ids and attempts to its report file (``HELD`` lines),
-and "works" on them while heartbeating every third of the lease, as a real
+and "works" on them while heartbeating four times per lease, as a real
 worker's wrapper does: left alone, it would hold its leases for ever. Only a
 SIGSTOP lets them run out. Its work ends when the parent sets its
 ``released`` counter (the parent does so while the probe is frozen, so from
@@ -66,7 +66,7 @@ class ProbeConfig:
     """``HELD <task id> <attempt>`` per lease claimed, and any crash."""
     seed: int = 0
     batch: int = 4
-    lease_seconds: float = 1.0
+    lease_seconds: float = 2.0
 
 
 def run_probe(config: ProbeConfig, stats: Any, stop: Any) -> None:
@@ -126,7 +126,9 @@ async def _work(
     queue: TaskQueue, config: ProbeConfig, stats: Any, stop: Any, leases: list[Lease]
 ) -> None:
     """Keep the leases alive until released (or a heartbeat is refused)."""
-    period = config.lease_seconds / 3
+    # Four heartbeats per lease: a process starved of CPU for a moment on a
+    # busy machine must not lose its leases before the pause does.
+    period = config.lease_seconds / 4
     while not stats[_IX["released"]] and not stop.is_set():
         for lease in leases:
             stats[_IX["in_write"]] = 1
