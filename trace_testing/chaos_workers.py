@@ -314,6 +314,7 @@ class PauseReport:
 
 
 PROBE_NAME = "paused"
+"""The probe's worker name (its effects, if any, carry it as their holder)."""
 
 
 async def pause_past_lease(

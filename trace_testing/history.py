@@ -154,7 +154,9 @@ _INSPECT_CHUNK = 500
 
 async def committed_fences(queue: LeaseQueue, item_ids: Iterable[ItemId]) -> dict[ItemId, Fence]:
     """The fence of the attempt that finished each item, read through the
-    public API (one :meth:`~trace_core.leasing.LeaseQueue.inspect` each).
+    repository's ``inspect`` (what :meth:`~trace_core.leasing.LeaseQueue.inspect`
+    reads), many items per read transaction. :class:`NotFound` for an item
+    that does not exist.
 
     An item that is not finished is left out: :func:`check_history` reports
     it lost (its effect, if any, is out of fence)."""
