@@ -64,7 +64,7 @@ from trace_lite.pgcluster import PostgresCluster
 from trace_testing.faults import hold_snapshot
 from trace_testing.history import EffectLedger
 
-__all__ = ["CRASH_RESTART", "IDLE_SNAPSHOT"]
+__all__ = ["CRASH_RESTART", "IDLE_SNAPSHOT", "SCENARIOS"]
 
 _CONSUMERS = 4
 _BATCH = 8
@@ -394,3 +394,6 @@ IDLE_SNAPSHOT = ChaosScenario(
     engines=("postgres",),
     run=_run_snapshot,
 )
+
+SCENARIOS = (CRASH_RESTART, IDLE_SNAPSHOT)
+"""This module's scenarios, for :mod:`benchmarks.chaos`."""

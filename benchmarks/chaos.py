@@ -4,7 +4,7 @@
     python -m benchmarks.chaos --scenario NAME --engine postgres --runs 3
     python -m benchmarks.chaos --list
 
-Each scenario (a module ``benchmarks/_chaos_<name>.py`` listed in
+Each scenario (in a module ``benchmarks/_chaos_<name>.py`` listed in
 ``_SCENARIOS``) runs a workload on a fresh database, injects its fault and
 reports units of work per second before, during and after it, the fault's
 length and ``recover_s`` (see :mod:`benchmarks._chaos`), with its own checks:
@@ -26,10 +26,13 @@ from benchmarks._common import configure_logging, emit, load_average, log, summa
 __all__ = ["main", "scenarios"]
 
 _SCENARIOS: tuple[str, ...] = (
-    "_chaos_pg_crash",
-    "_chaos_pg_snapshot",
+    "_chaos_workers",
+    "_chaos_workers_pause",
+    "_chaos_relay",
+    "_chaos_postgres",
 )
-"""Module names (``benchmarks._chaos_<name>``) of the scenarios, in run order."""
+"""Modules (``benchmarks._chaos_<name>``) of the scenarios, in run order: each
+exports ``SCENARIO``, or ``SCENARIOS`` when it holds several."""
 
 _KEYS = ("before_per_s", "during_per_s", "after_per_s", "fault_s", "recover_s", "lost")
 
@@ -37,9 +40,11 @@ _KEYS = ("before_per_s", "during_per_s", "after_per_s", "fault_s", "recover_s", 
 def scenarios() -> dict[str, ChaosScenario]:
     """Every scenario by name."""
     found: dict[str, ChaosScenario] = {}
-    for module in _SCENARIOS:
-        scenario: ChaosScenario = importlib.import_module(f"benchmarks.{module}").SCENARIO
-        found[scenario.name] = scenario
+    for name in _SCENARIOS:
+        module = importlib.import_module(f"benchmarks.{name}")
+        listed: tuple[ChaosScenario, ...] = getattr(module, "SCENARIOS", None) or (module.SCENARIO,)
+        for scenario in listed:
+            found[scenario.name] = scenario
     return found
 
 

@@ -14,6 +14,10 @@ database keep the ownership protocol's guarantees (docs/testing.md).
   restarts, snapshot-holding idle transactions, full disks;
 - :mod:`trace_testing.workers`: a task worker process for the fault tools;
   :mod:`trace_testing.outage_workers`: the same, carried through database outages;
+- :mod:`trace_testing.chaos_workers`, :mod:`trace_testing.relay_chaos`:
+  whole chaos scenarios (workers SIGKILLed during a drain, a worker paused
+  past its lease, the outbox relay SIGKILLed mid-batch) and their reports;
+  :mod:`trace_testing.probe`: the stale holder of the pause scenario;
 - :mod:`trace_testing.postgres`: the run's Postgres server and its pool of
   migrated databases; :mod:`trace_testing.dispatcher`,
   :mod:`trace_testing.lite`: a Dispatcher run until idle, the lite platform.

@@ -34,6 +34,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from trace_core.errors import NotFound
 from trace_core.leasing import LeaseQueue
 from trace_core.model import Fence, ItemId
 from trace_core.storage.sql import SqlRepository
@@ -147,17 +148,30 @@ class EffectLedger:
         )
 
 
+_INSPECT_CHUNK = 500
+"""Items :func:`committed_fences` reads per transaction."""
+
+
 async def committed_fences(queue: LeaseQueue, item_ids: Iterable[ItemId]) -> dict[ItemId, Fence]:
     """The fence of the attempt that finished each item, read through the
-    public API (one :meth:`~trace_core.leasing.LeaseQueue.inspect` each).
+    repository's ``inspect`` (what :meth:`~trace_core.leasing.LeaseQueue.inspect`
+    reads), many items per read transaction. :class:`NotFound` for an item
+    that does not exist.
 
     An item that is not finished is left out: :func:`check_history` reports
     it lost (its effect, if any, is out of fence)."""
     fences: dict[ItemId, Fence] = {}
-    for item_id in item_ids:
-        state = await queue.inspect(item_id)
-        if state.status == queue.queue.done and state.lease_token is not None:
-            fences[item_id] = Fence(item_id, state.attempt, state.lease_token)
+    ids = list(item_ids)
+    # Many reads per transaction: a transaction each costs more than its read
+    # (10,000 items took ~50 s on a busy machine, one read transaction each).
+    for start in range(0, len(ids), _INSPECT_CHUNK):
+        async with queue.repo.read() as tx:
+            for item_id in ids[start : start + _INSPECT_CHUNK]:
+                state = await tx.inspect(queue.queue, item_id)
+                if state is None:
+                    raise NotFound(f"{queue.queue.name} item {item_id} does not exist")
+                if state.status == queue.queue.done and state.lease_token is not None:
+                    fences[item_id] = Fence(item_id, state.attempt, state.lease_token)
     return fences
 
 

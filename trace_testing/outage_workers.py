@@ -26,7 +26,7 @@ import anyio
 
 from trace_core.errors import DatabaseUnavailable
 from trace_core.outage import LoopHealth
-from trace_testing.workers import CLAIMED, WorkerConfig, _report, _work  # the kit's worker loop
+from trace_testing.workers import CLAIMED, WorkerConfig, report_line, work_until_stopped
 
 __all__ = ["run_worker_through_outages"]
 
@@ -43,7 +43,7 @@ def run_worker_through_outages(config: WorkerConfig, stats: Any, stop: Any) -> N
         claimed = -1
         while not stop.is_set():
             try:
-                anyio.run(_work, config, stats, stop)
+                anyio.run(work_until_stopped, config, stats, stop)
                 return
             except DatabaseUnavailable as exc:
                 if stats[CLAIMED] != claimed:
@@ -51,9 +51,9 @@ def run_worker_through_outages(config: WorkerConfig, stats: Any, stop: Any) -> N
                     health.succeeded()
                     claimed = stats[CLAIMED]
                 delay = health.failed(exc)
-                _report(config, f"OUTAGE {config.name} (retry {health.failures}): {exc}")
+                report_line(config, f"OUTAGE {config.name} (retry {health.failures}): {exc}")
                 # The fleet's polled stop flag, not an event (see StopFlag).
                 stop.wait(delay)
     except BaseException:
-        _report(config, f"CRASH {config.name}\n{traceback.format_exc()}")
+        report_line(config, f"CRASH {config.name}\n{traceback.format_exc()}")
         raise SystemExit(1) from None

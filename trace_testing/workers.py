@@ -39,7 +39,14 @@ from trace_core.tasks import TaskQueue
 from trace_testing.drain import Handler
 from trace_testing.history import EffectLedger
 
-__all__ = ["STAT_NAMES", "WorkerConfig", "load_handler", "run_worker"]
+__all__ = [
+    "STAT_NAMES",
+    "WorkerConfig",
+    "load_handler",
+    "report_line",
+    "run_worker",
+    "work_until_stopped",
+]
 
 # Indexes into a worker's shared counters.
 CLAIMED = 0
@@ -95,6 +102,10 @@ class WorkerConfig:
     """Longer than the lease: the lease expires under the worker's feet."""
     maintenance_seconds: float = 0.25
     idle_seconds: float = 0.02
+    complete_together: bool = False
+    """Commit a claimed batch in one transaction (every effect and fenced
+    completion), each task on its own again if one of them is refused: a
+    cheap worker, to drain tens of thousands of tasks in a test."""
     handler: str | None = None
     """``"module:function"`` of the code under test, an async ``(tx, lease)``
     (a :data:`~trace_testing.drain.Handler`): it runs in the completion's
@@ -118,20 +129,22 @@ def run_worker(config: WorkerConfig, stats: Any, stop: Any) -> None:
     """Process entry point (a :class:`~trace_testing.faults.WorkerFleet`
     target): work until ``stop`` is set; exit 1 on any crash."""
     try:
-        anyio.run(_work, config, stats, stop)
+        anyio.run(work_until_stopped, config, stats, stop)
     except BaseException:
-        with open(config.report_path, "a", encoding="utf-8") as fh:
-            fh.write(f"CRASH {config.name}\n{traceback.format_exc()}\n")
+        report_line(config, f"CRASH {config.name}\n{traceback.format_exc()}")
         raise SystemExit(1) from None
 
 
-def _report(config: WorkerConfig, line: str) -> None:
+def report_line(config: WorkerConfig, line: str) -> None:
+    """Append ``line`` to the worker's report file (flushed: a SIGKILL may follow)."""
     with open(config.report_path, "a", encoding="utf-8") as fh:
         fh.write(line + "\n")
         fh.flush()
 
 
-async def _work(config: WorkerConfig, stats: Any, stop: Any) -> None:
+async def work_until_stopped(config: WorkerConfig, stats: Any, stop: Any) -> None:
+    """:func:`run_worker`'s loop in the current event loop: claim, process, repeat
+    until ``stop`` is set; a database error ends it (the caller decides what next)."""
     handler = load_handler(config.handler) if config.handler else None
     rng = random.Random(config.seed)
     repo = SqlRepository(config.url)
@@ -157,6 +170,10 @@ async def _work(config: WorkerConfig, stats: Any, stop: Any) -> None:
                 continue
             stats[CLAIMED] += len(leases)
             stats[HOLDING] = len(leases)
+            if config.complete_together and len(leases) > 1:
+                await _process_together(queue, repo, config, rng, stats, leases, handler)
+                stats[HOLDING] = 0
+                continue
             for i, lease in enumerate(leases):
                 await _process(queue, repo, config, rng, stats, lease, handler)
                 stats[HOLDING] = len(leases) - i - 1
@@ -184,13 +201,61 @@ async def _process(
         except StaleClaim:
             stats[HEARTBEAT_STALE] += 1
             return
-    # The effect's work, outside any transaction (SQLite has one writer).
+    await _effect_work(config, rng, stats)
+    await _commit(queue, repo, config, stats, lease, handler, expires_at)
+
+
+async def _effect_work(config: WorkerConfig, rng: random.Random, stats: Any) -> None:
+    """The effect's work, outside any transaction (SQLite has one writer)."""
     stats[IN_EFFECT] = 1
     if rng.random() < config.long_hold_probability:
         await anyio.sleep(config.long_hold_seconds)
     else:
         await anyio.sleep(rng.uniform(0, config.max_effect_seconds))
     stats[IN_EFFECT] = 0
+
+
+async def _process_together(
+    queue: TaskQueue,
+    repo: SqlRepository,
+    config: WorkerConfig,
+    rng: random.Random,
+    stats: Any,
+    leases: list[Any],
+    handler: Handler | None,
+) -> None:
+    """The batch's effects, then one transaction for all (see ``complete_together``)."""
+    for _ in leases:
+        await _effect_work(config, rng, stats)
+    try:
+        async with repo.transaction() as tx:
+            for lease in leases:
+                await EffectLedger.record(tx, lease.fence, config.name)
+                if handler is not None:
+                    await handler(tx, lease)
+                await queue.complete(lease.fence, tx=tx)
+    except (StaleClaim, DuplicateItem):
+        # The whole batch rolled back: commit each on its own, so that the
+        # leases still held complete and the refused one is counted.
+        for lease in leases:
+            await _commit(queue, repo, config, stats, lease, handler, lease.expires_at)
+        return
+    stats[COMPLETED] += len(leases)
+    if datetime.now(UTC) > leases[0].expires_at:
+        stats[LATE_ACCEPTED] += len(leases)
+
+
+async def _commit(
+    queue: TaskQueue,
+    repo: SqlRepository,
+    config: WorkerConfig,
+    stats: Any,
+    lease: Any,
+    handler: Handler | None,
+    expires_at: datetime,
+) -> None:
+    """The effect and the fenced completion of ``lease``, in one transaction."""
+    fence = lease.fence
     try:
         async with repo.transaction() as tx:
             # The effect first, then the fenced completion: if the completion
@@ -205,7 +270,7 @@ async def _process(
         # A second effect under this very attempt: another holder of the same
         # lease committed one. Exclusivity is broken.
         stats[VIOLATIONS] += 1
-        _report(
+        report_line(
             config,
             f"VIOLATION {config.name} task={lease.item_id} attempt={lease.attempt} "
             f"claim_version={lease.claim_version}: {exc}",
