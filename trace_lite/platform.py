@@ -16,10 +16,15 @@ Layout of the data directory (created with mode 700)::
     objects/         the object store: s3://<bucket>/<key> -> objects/<bucket>/<key>
     trace.db         the state database, unless a URL is given
     data.db          the data database (buffered tables), unless a URL is given
+    lock             the data directory lock (one live platform per directory)
 
-Starting applies migrations and creates the keys on first run; stopping
-drains sources, lets in-flight tasks finish (bounded by
-``LiteConfig.drain_seconds``), flushes the sink and stops Spark.
+Starting locks the data directory (:mod:`trace_lite.data_dir_lock`; a second
+live process is refused, naming the holder's pid), takes back at once the
+leases of the directory's previous process and sweeps its stale staging
+directories (:mod:`trace_lite.takeover`), applies migrations and creates the
+keys on first run; stopping drains sources, lets in-flight tasks finish
+(bounded by ``LiteConfig.drain_seconds``), flushes the sink, stops Spark and
+releases the lock.
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ from trace_core.storage.migrate import upgrade
 from trace_core.storage.sql import SqlRepository
 from trace_lite.buffered import BufferSink, DataDatabase, SinkConfig, SqlDatasetBuffer
 from trace_lite.credentials import CredentialBroker, capability_issuer, token_verifier
+from trace_lite.data_dir_lock import DataDirLock, lock_data_directory
 from trace_lite.envelope import LocalKeyEncryption
 from trace_lite.object_store import LocalObjectStore
 from trace_lite.pipeline.operators import ALERT_SCHEMA, PipelineRuntime, pipeline_operators
@@ -52,6 +58,7 @@ from trace_lite.query_service import SparkQueryService
 from trace_lite.secret_files import read_or_create_secret
 from trace_lite.serve import open_signing_keys, read_minter_key
 from trace_lite.spark import SparkConfig, SparkSessionProvider
+from trace_lite.takeover import Takeover, reclaim_previous_leases, sweep_staging
 
 __all__ = ["LiteConfig", "TraceLite"]
 
@@ -135,6 +142,9 @@ class TraceLite:
         self._dispatcher: Dispatcher | None = None
         self._repo: SqlRepository | None = None
         self._parts: _Parts | None = None
+        self._lock: DataDirLock | None = None
+        self.takeover: Takeover | None = None
+        """What the last start took over from the data directory's previous process."""
 
     # --- the wired parts (available once started) ------------------------------
 
@@ -216,10 +226,21 @@ class TraceLite:
         """Migrate, open (or create) the keys, wire everything, start the services."""
         if self._stack is not None:
             raise ConfigurationError("TraceLite is already started")
+        data_dir = self.config.data_dir
+        data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        lock = lock_data_directory(data_dir)
+        try:
+            await self._start_locked(lock)
+        except BaseException:
+            lock.release()
+            raise
+        self._lock = lock
+
+    async def _start_locked(self, lock: DataDirLock) -> None:
         cfg, clock = self.config, self.clock
         data_dir = cfg.data_dir
-        data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         await anyio.to_thread.run_sync(upgrade, cfg.state_url)
+        staging = await anyio.to_thread.run_sync(sweep_staging, data_dir / "objects")
         ring = await anyio.to_thread.run_sync(open_signing_keys, data_dir, clock)
         minter = LocalCredentialMinter(read_minter_key(data_dir), clock=clock)
         kek = read_or_create_secret(data_dir / "kek.key", "key-encryption key")
@@ -244,6 +265,7 @@ class TraceLite:
                 config=dispatcher_config,
                 capabilities=capability_issuer(ring, repo, clock, dispatcher_config.storage_root),
                 credentials=CredentialBroker(token_verifier(ring, clock), minter),
+                worker_id=lock.worker_id,
             )
             runtime = PipelineRuntime(store, spark, buffer, dispatcher.state)
             for spec in [*pipeline_operators(runtime), *self._extra_operators]:
@@ -251,6 +273,9 @@ class TraceLite:
             sink = BufferSink(
                 data, repo, [ALERT_SCHEMA], gateway=dispatcher.gateway, clock=clock, config=cfg.sink
             )
+            # Before the workers start: they share the prefix of the leases taken back.
+            takeover = await reclaim_previous_leases(dispatcher, lock)
+            takeover.staging = staging
             group = await stack.enter_async_context(anyio.create_task_group())
             await dispatcher.start(group)
             await sink.start(group)
@@ -264,6 +289,7 @@ class TraceLite:
         self._parts = _Parts(store, buffer, sink, data, spark, LocalKeyEncryption(kek), query)
         self._stack, self._group, self._dispatcher = stack, group, dispatcher
         self._repo = repo
+        self.takeover = takeover
         log.info("trace-lite started: state %s, data dir %s", repo.url.render(), data_dir)
 
     async def stop(self) -> None:
@@ -288,7 +314,12 @@ class TraceLite:
         finally:
             self._stack = self._group = self._dispatcher = self._repo = None
             self._parts = None
-            await stack.aclose()
+            try:
+                await stack.aclose()
+            finally:
+                lock, self._lock = self._lock, None
+                if lock is not None:
+                    lock.release()
 
     # --- using it ----------------------------------------------------------------
 
