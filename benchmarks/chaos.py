@@ -25,7 +25,7 @@ from benchmarks._common import configure_logging, emit, load_average, log, summa
 
 __all__ = ["main", "scenarios"]
 
-_SCENARIOS: tuple[str, ...] = ()
+_SCENARIOS: tuple[str, ...] = ("_chaos_lite",)
 """Module names (``benchmarks._chaos_<name>``) of the scenarios, in run order."""
 
 _KEYS = ("before_per_s", "during_per_s", "after_per_s", "fault_s", "recover_s", "lost")

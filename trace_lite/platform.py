@@ -51,6 +51,7 @@ from trace_core.storage.sql import SqlRepository
 from trace_lite.buffered import BufferSink, DataDatabase, SinkConfig, SqlDatasetBuffer
 from trace_lite.credentials import CredentialBroker, capability_issuer, token_verifier
 from trace_lite.data_dir_lock import DataDirLock, lock_data_directory
+from trace_lite.disk_space import MIN_FREE_BYTES, check_free_space
 from trace_lite.envelope import LocalKeyEncryption
 from trace_lite.object_store import LocalObjectStore
 from trace_lite.pipeline.operators import ALERT_SCHEMA, PipelineRuntime, pipeline_operators
@@ -82,12 +83,17 @@ class LiteConfig:
     sink: SinkConfig = field(default_factory=SinkConfig)
     drain_seconds: float = 60.0
     """How long :meth:`TraceLite.stop` waits for in-flight tasks before cancelling them."""
+    min_free_bytes: int = MIN_FREE_BYTES
+    """Free space the data directory's filesystem needs to start (and for
+    ``trace-lite run`` to go on); 0 disables the check."""
 
     def __post_init__(self) -> None:
         if self.workers < 1:
             raise ConfigurationError("LiteConfig.workers must be >= 1")
         if self.drain_seconds < 0:
             raise ConfigurationError("LiteConfig.drain_seconds must be >= 0")
+        if self.min_free_bytes < 0:
+            raise ConfigurationError("LiteConfig.min_free_bytes must be >= 0")
 
     @property
     def state_url(self) -> str:
@@ -227,9 +233,15 @@ class TraceLite:
         if self._stack is not None:
             raise ConfigurationError("TraceLite is already started")
         data_dir = self.config.data_dir
-        data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        try:
+            data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigurationError(
+                f"data directory {data_dir}: cannot create it: {exc.strerror or exc}"
+            ) from None
         lock = lock_data_directory(data_dir)
         try:
+            check_free_space(data_dir, self.config.min_free_bytes)
             await self._start_locked(lock)
         except BaseException:
             lock.release()
@@ -291,6 +303,24 @@ class TraceLite:
         self._repo = repo
         self.takeover = takeover
         log.info("trace-lite started: state %s, data dir %s", repo.url.render(), data_dir)
+
+    async def abort(self) -> None:
+        """Stop at once, without draining sources or tasks nor flushing the sink
+        (a full disk: every write would fail). In-flight work is cancelled; the
+        next start takes over its leases at once, and the buffer's records,
+        kept in the data database, are flushed then."""
+        stack, group = self._stack, self._group
+        if stack is None or group is None:
+            return
+        self._stack = self._group = self._dispatcher = self._repo = None
+        self._parts = None
+        try:
+            group.cancel_scope.cancel()
+            await stack.aclose()
+        finally:
+            lock, self._lock = self._lock, None
+            if lock is not None:
+                lock.release()
 
     async def stop(self) -> None:
         """Drain sources and in-flight tasks, flush the sink, stop everything."""

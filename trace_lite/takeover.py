@@ -41,6 +41,22 @@ class Takeover:
     """Outbox rows its relay had claimed, handed back at once."""
     staging: list[Path] = field(default_factory=list)
     """Stale staging directories removed."""
+    previous_pid: int | None = None
+    """The pid of the directory's previous process."""
+
+    @property
+    def any(self) -> bool:
+        """Whether anything was taken over (the previous process did not stop cleanly)."""
+        return bool(self.tasks or self.outbox or self.staging)
+
+    def describe(self) -> str:
+        """One line for the run's output."""
+        who = f"pid {self.previous_pid}" if self.previous_pid is not None else "a process"
+        return (
+            f"restart after {who}: took back {self.tasks} task lease(s) and "
+            f"{self.outbox} outbox lease(s) at once, removed {len(self.staging)} "
+            "stale staging director" + ("y" if len(self.staging) == 1 else "ies")
+        )
 
 
 def sweep_staging(objects: Path) -> list[Path]:
@@ -70,12 +86,11 @@ async def reclaim_previous_leases(dispatcher: Dispatcher, lock: DataDirLock) -> 
     )
     tasks = await dispatcher.reaper.reclaim_held_by(lock.worker_prefix, reason)
     outbox = await dispatcher.relay.leases.reclaim_held_by(lock.worker_prefix, reason=reason)
-    taken = Takeover(tasks=tasks.expired, outbox=len(outbox.retried) + len(outbox.dead_lettered))
+    taken = Takeover(
+        tasks=tasks.expired,
+        outbox=len(outbox.retried) + len(outbox.dead_lettered),
+        previous_pid=lock.previous_pid,
+    )
     if taken.tasks or taken.outbox:
-        log.info(
-            "took back %d task lease(s) and %d outbox lease(s) of %s",
-            taken.tasks,
-            taken.outbox,
-            who,
-        )
+        log.info("took back %d task and %d outbox lease(s) of %s", taken.tasks, taken.outbox, who)
     return taken
