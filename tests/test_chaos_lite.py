@@ -12,19 +12,26 @@ from __future__ import annotations
 import os
 import random
 import re
+import signal
 import sqlite3
+import subprocess
+import sys
 import time
 from contextlib import closing
 from pathlib import Path
 from typing import Any
 
 import anyio
+import pytest
 
 from benchmarks._chaos_lite import LiteRun, staging_left
 from tests.lite_pipeline import check_outputs, expected_alerts, small_dag, stored_alerts
+from trace_core.errors import ConfigurationError
 from trace_core.storage.sql import SqlRepository
 from trace_lite.buffered import table_name_of
+from trace_lite.data_dir_lock import lock_data_directory
 from trace_lite.status import DatasetStatus, dataset_statuses
+from trace_lite.takeover import sweep_staging
 from trace_testing.faults import fill_disk, small_filesystem
 
 BLOCKS, SIZE = 600, 200
@@ -41,6 +48,67 @@ def _statuses(database_url: str) -> list[DatasetStatus]:
             await repo.close()
 
     return anyio.run(read)
+
+
+def test_the_lock_refuses_a_live_holder_naming_it_and_keeps_the_identity(
+    tmp_path: Path,
+) -> None:
+    first = lock_data_directory(tmp_path)
+    pid = os.getpid()
+    with pytest.raises(
+        ConfigurationError,
+        match=rf"data directory {re.escape(str(tmp_path))} is in use .*pid {pid}",
+    ):
+        lock_data_directory(tmp_path)
+    first.release()
+    again = lock_data_directory(tmp_path)
+    try:
+        assert again.directory_id == first.directory_id  # the directory's identity stays
+        assert again.previous_pid == pid
+        assert again.worker_id == f"trace-lite/{first.directory_id}/{pid}"
+        assert again.worker_id.startswith(again.worker_prefix)
+    finally:
+        again.release()
+
+
+def test_a_sigkilled_holders_lock_is_released_by_the_kernel(tmp_path: Path) -> None:
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from pathlib import Path; "
+            "from trace_lite.data_dir_lock import lock_data_directory; "
+            "lock_data_directory(Path(sys.argv[1])); print('locked', flush=True); time.sleep(600)",
+            str(tmp_path),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+        with pytest.raises(ConfigurationError, match=rf"pid {holder.pid}\)"):
+            lock_data_directory(tmp_path)
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(30)
+        assert holder.stdout is not None
+        holder.stdout.close()
+    lock = lock_data_directory(tmp_path)  # no wait: the kernel dropped the dead holder's lock
+    assert lock.previous_pid == holder.pid
+    lock.release()
+
+
+def test_sweep_staging_removes_only_staging_directories(tmp_path: Path) -> None:
+    prefix = tmp_path / "objects" / "trace-lite" / "v1"
+    staging = prefix / "._staging-abc"
+    staging.mkdir(parents=True)
+    (staging / "part-00000.parquet").write_bytes(b"PAR1 whole part file")
+    (prefix / "blocks_0_199.parquet").write_bytes(b"PAR1")
+    (prefix / ".other").mkdir()
+    assert sweep_staging(tmp_path / "objects") == [staging]
+    assert sorted(p.name for p in prefix.iterdir()) == [".other", "blocks_0_199.parquet"]
+    assert sweep_staging(tmp_path / "missing") == []
 
 
 def _check_finished(database_url: str, data_dir: Path) -> None:
