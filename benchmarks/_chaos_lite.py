@@ -296,7 +296,10 @@ def _lost(
     if "alerts" in current:
         with sqlite3.connect(data_dir / "data.db") as conn:
             table = table_name_of(current["alerts"].location)
-            stored = [row[0] for row in conn.execute(f'SELECT dedupe_key FROM "{table}"')]
+            exists = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?"
+            # The sink creates the table with its first row: none when no alert fired.
+            if conn.execute(exists, (table,)).fetchone():
+                stored = [row[0] for row in conn.execute(f'SELECT dedupe_key FROM "{table}"')]
     alerts = len(wanted - set(stored)) + (len(stored) - len(set(stored)))
     return {"datasets_not_current": not_current, "partitions": partitions, "alerts": alerts}
 
