@@ -30,6 +30,7 @@ _SCENARIOS: tuple[str, ...] = (
     "_chaos_workers_pause",
     "_chaos_relay",
     "_chaos_postgres",
+    "_chaos_lite",
 )
 """Modules (``benchmarks._chaos_<name>``) of the scenarios, in run order: each
 exports ``SCENARIO``, or ``SCENARIOS`` when it holds several."""

@@ -25,6 +25,10 @@ __all__ = ["FailOutcome", "LeaseConfig", "LeaseQueue", "ReclaimHooks", "ReclaimR
 
 ItemId = Any
 
+_REVOKED_WITHIN = timedelta(microseconds=1)
+"""The fenced failure after a revocation applies to leases that expired no later
+than the revocation (``lease_expires_at < now + this``)."""
+
 
 @dataclass(frozen=True)
 class LeaseConfig:
@@ -354,6 +358,52 @@ class LeaseQueue:
                 (report.retried if outcome.retrying else report.dead_lettered).append(fence.item_id)
                 if hooks is not None:
                     await hooks.failed(t, fence, outcome, reason)
+        return report
+
+    async def reclaim_held_by(
+        self,
+        worker_prefix: str,
+        *,
+        reason: str,
+        limit: int | None = None,
+        hooks: ReclaimHooks | None = None,
+    ) -> ReclaimReport:
+        """Take back at once every lease whose holder's worker id starts with
+        ``worker_prefix``: retry with backoff, or dead-letter when exhausted.
+
+        Only for a holder *known* to be gone (the lite platform proves it with
+        its data directory lock): unlike :meth:`reclaim_expired` nothing waits
+        for the lease to run out. The leases are revoked first, which bumps
+        their ``claim_version`` (a ghost of the holder is fenced out of every
+        write), then failed by the same fenced write as an expired lease, in
+        one transaction. ``reason`` is the error text of each failure (``hooks``
+        may word it per item and record each failure).
+        """
+        report = ReclaimReport()
+        now = self.clock.now()
+        async with self.repo.transaction() as t:
+            fences = await t.handover.revoke_leases(
+                self.queue,
+                worker_prefix=worker_prefix,
+                now=now,
+                limit=limit or self.config.max_batch,
+            )
+            if not fences:
+                return report
+            reasons = await hooks.reasons(t, fences) if hooks is not None else {}
+            # The revoked leases expired at ``now``; a lease taken since (none can
+            # be: the rows stayed leased) would expire later and is left alone.
+            revoked_by = now + _REVOKED_WITHIN
+            for fence in fences:
+                error = reasons.get(fence.item_id, reason)
+                outcome = await self._fail(
+                    fence, error, RetryClass.RETRYABLE, tx=t, expired_before=revoked_by
+                )
+                if outcome is None:
+                    continue
+                (report.retried if outcome.retrying else report.dead_lettered).append(fence.item_id)
+                if hooks is not None:
+                    await hooks.failed(t, fence, outcome, error)
         return report
 
     async def requeue_due(

@@ -16,10 +16,15 @@ Layout of the data directory (created with mode 700)::
     objects/         the object store: s3://<bucket>/<key> -> objects/<bucket>/<key>
     trace.db         the state database, unless a URL is given
     data.db          the data database (buffered tables), unless a URL is given
+    lock             the data directory lock (one live platform per directory)
 
-Starting applies migrations and creates the keys on first run; stopping
-drains sources, lets in-flight tasks finish (bounded by
-``LiteConfig.drain_seconds``), flushes the sink and stops Spark.
+Starting locks the data directory (:mod:`trace_lite.data_dir_lock`; a second
+live process is refused, naming the holder's pid), takes back at once the
+leases of the directory's previous process and sweeps its stale staging
+directories (:mod:`trace_lite.takeover`), applies migrations and creates the
+keys on first run; stopping drains sources, lets in-flight tasks finish
+(bounded by ``LiteConfig.drain_seconds``), flushes the sink, stops Spark and
+releases the lock.
 """
 
 from __future__ import annotations
@@ -45,6 +50,8 @@ from trace_core.storage.migrate import upgrade
 from trace_core.storage.sql import SqlRepository
 from trace_lite.buffered import BufferSink, DataDatabase, SinkConfig, SqlDatasetBuffer
 from trace_lite.credentials import CredentialBroker, capability_issuer, token_verifier
+from trace_lite.data_dir_lock import DataDirLock, lock_data_directory
+from trace_lite.disk_space import MIN_FREE_BYTES, check_free_space
 from trace_lite.envelope import LocalKeyEncryption
 from trace_lite.object_store import LocalObjectStore
 from trace_lite.pipeline.operators import ALERT_SCHEMA, PipelineRuntime, pipeline_operators
@@ -52,6 +59,7 @@ from trace_lite.query_service import SparkQueryService
 from trace_lite.secret_files import read_or_create_secret
 from trace_lite.serve import open_signing_keys, read_minter_key
 from trace_lite.spark import SparkConfig, SparkSessionProvider
+from trace_lite.takeover import Takeover, reclaim_previous_leases, sweep_staging
 
 __all__ = ["LiteConfig", "TraceLite"]
 
@@ -75,12 +83,17 @@ class LiteConfig:
     sink: SinkConfig = field(default_factory=SinkConfig)
     drain_seconds: float = 60.0
     """How long :meth:`TraceLite.stop` waits for in-flight tasks before cancelling them."""
+    min_free_bytes: int = MIN_FREE_BYTES
+    """Free space the data directory's filesystem needs to start (and for
+    ``trace-lite run`` to go on); 0 disables the check."""
 
     def __post_init__(self) -> None:
         if self.workers < 1:
             raise ConfigurationError("LiteConfig.workers must be >= 1")
         if self.drain_seconds < 0:
             raise ConfigurationError("LiteConfig.drain_seconds must be >= 0")
+        if self.min_free_bytes < 0:
+            raise ConfigurationError("LiteConfig.min_free_bytes must be >= 0")
 
     @property
     def state_url(self) -> str:
@@ -135,6 +148,9 @@ class TraceLite:
         self._dispatcher: Dispatcher | None = None
         self._repo: SqlRepository | None = None
         self._parts: _Parts | None = None
+        self._lock: DataDirLock | None = None
+        self.takeover: Takeover | None = None
+        """What the last start took over from the data directory's previous process."""
 
     # --- the wired parts (available once started) ------------------------------
 
@@ -216,10 +232,27 @@ class TraceLite:
         """Migrate, open (or create) the keys, wire everything, start the services."""
         if self._stack is not None:
             raise ConfigurationError("TraceLite is already started")
+        data_dir = self.config.data_dir
+        try:
+            data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigurationError(
+                f"data directory {data_dir}: cannot create it: {exc.strerror or exc}"
+            ) from None
+        lock = lock_data_directory(data_dir)
+        try:
+            check_free_space(data_dir, self.config.min_free_bytes)
+            await self._start_locked(lock)
+        except BaseException:
+            lock.release()
+            raise
+        self._lock = lock
+
+    async def _start_locked(self, lock: DataDirLock) -> None:
         cfg, clock = self.config, self.clock
         data_dir = cfg.data_dir
-        data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         await anyio.to_thread.run_sync(upgrade, cfg.state_url)
+        staging = await anyio.to_thread.run_sync(sweep_staging, data_dir / "objects")
         ring = await anyio.to_thread.run_sync(open_signing_keys, data_dir, clock)
         minter = LocalCredentialMinter(read_minter_key(data_dir), clock=clock)
         kek = read_or_create_secret(data_dir / "kek.key", "key-encryption key")
@@ -244,6 +277,7 @@ class TraceLite:
                 config=dispatcher_config,
                 capabilities=capability_issuer(ring, repo, clock, dispatcher_config.storage_root),
                 credentials=CredentialBroker(token_verifier(ring, clock), minter),
+                worker_id=lock.worker_id,
             )
             runtime = PipelineRuntime(store, spark, buffer, dispatcher.state)
             for spec in [*pipeline_operators(runtime), *self._extra_operators]:
@@ -251,6 +285,9 @@ class TraceLite:
             sink = BufferSink(
                 data, repo, [ALERT_SCHEMA], gateway=dispatcher.gateway, clock=clock, config=cfg.sink
             )
+            # Before the workers start: they share the prefix of the leases taken back.
+            takeover = await reclaim_previous_leases(dispatcher, lock)
+            takeover.staging = staging
             group = await stack.enter_async_context(anyio.create_task_group())
             await dispatcher.start(group)
             await sink.start(group)
@@ -264,7 +301,26 @@ class TraceLite:
         self._parts = _Parts(store, buffer, sink, data, spark, LocalKeyEncryption(kek), query)
         self._stack, self._group, self._dispatcher = stack, group, dispatcher
         self._repo = repo
+        self.takeover = takeover
         log.info("trace-lite started: state %s, data dir %s", repo.url.render(), data_dir)
+
+    async def abort(self) -> None:
+        """Stop at once, without draining sources or tasks nor flushing the sink
+        (a full disk: every write would fail). In-flight work is cancelled; the
+        next start takes over its leases at once, and the buffer's records,
+        kept in the data database, are flushed then."""
+        stack, group = self._stack, self._group
+        if stack is None or group is None:
+            return
+        self._stack = self._group = self._dispatcher = self._repo = None
+        self._parts = None
+        try:
+            group.cancel_scope.cancel()
+            await stack.aclose()
+        finally:
+            lock, self._lock = self._lock, None
+            if lock is not None:
+                lock.release()
 
     async def stop(self) -> None:
         """Drain sources and in-flight tasks, flush the sink, stop everything."""
@@ -288,7 +344,12 @@ class TraceLite:
         finally:
             self._stack = self._group = self._dispatcher = self._repo = None
             self._parts = None
-            await stack.aclose()
+            try:
+                await stack.aclose()
+            finally:
+                lock, self._lock = self._lock, None
+                if lock is not None:
+                    lock.release()
 
     # --- using it ----------------------------------------------------------------
 

@@ -29,6 +29,7 @@ from trace_core.dag import DagDocument, parse_dag
 from trace_core.dag.rematerialize import with_rematerialization
 from trace_core.errors import ConfigurationError
 from trace_core.storage import Repository
+from trace_lite.disk_space import DataDirectoryFull, check_free_space
 from trace_lite.platform import LiteConfig, TraceLite
 from trace_lite.spark import SparkSessionProvider
 from trace_lite.status import (
@@ -190,18 +191,30 @@ async def run_pipeline(
         state = "deployed" if result.changed else "unchanged"
         say(f"{dag}: {state}, version {result.dag_version_id} ({result.status})")
         say(f"  state db {lite.repo.url.render()}, data dir {options.config.data_dir}")
+        if lite.takeover is not None and lite.takeover.any:
+            say(f"  {lite.takeover.describe()}")
         sources = frozenset(job.name for job in document.spec.jobs if job.activation == "source")
         summary = RunSummary(dag, 0, 0.0)
-        summary.finished, summary.blocks = await follow_run(
-            lite.repo,
-            dag,
-            sources,
-            say,
-            started=started,
-            timeout_seconds=options.timeout_seconds,
-            refresh_seconds=options.refresh_seconds,
-            buffer_pending=lite.buffer.pending,
-        )
+        data_dir, floor = options.config.data_dir, options.config.min_free_bytes
+
+        async def disk_space() -> None:
+            await anyio.to_thread.run_sync(check_free_space, data_dir, floor)
+
+        try:
+            summary.finished, summary.blocks = await follow_run(
+                lite.repo,
+                dag,
+                sources,
+                say,
+                started=started,
+                timeout_seconds=options.timeout_seconds,
+                refresh_seconds=options.refresh_seconds,
+                buffer_pending=lite.buffer.pending,
+                check=disk_space,
+            )
+        except DataDirectoryFull:
+            await lite.abort()  # a drain would only write, and fail
+            raise
         summary.seconds = time.perf_counter() - started
         objects = lite.config.data_dir / "objects"
 
@@ -226,6 +239,7 @@ async def follow_run(
     timeout_seconds: float,
     refresh_seconds: float,
     buffer_pending: Callable[[], Awaitable[int]],
+    check: Callable[[], Awaitable[None]] | None = None,
 ) -> tuple[bool, int]:
     """Print a progress line whenever it changes until the run is finished
     (or ``timeout_seconds``); ``(finished, blocks done)``.
@@ -234,7 +248,9 @@ async def follow_run(
     dataset's DAG version is current, no task but the ``sources`` is open,
     the outbox is drained and ``buffer_pending()`` (the dataset buffer's
     records not yet written) is 0. ``started`` is the ``perf_counter`` the
-    elapsed time and throughput count from. Shared by every profile's run.
+    elapsed time and throughput count from. ``check`` runs at every refresh
+    and stops the run by raising (the lite run's disk space). Shared by every
+    profile's run.
     """
     done, last_line = 0, ""
     with anyio.move_on_after(timeout_seconds):
@@ -258,6 +274,8 @@ async def follow_run(
                 and await buffer_pending() == 0
             ):
                 return True, done
+            if check is not None:
+                await check()
             await anyio.sleep(refresh_seconds)
     return False, done
 

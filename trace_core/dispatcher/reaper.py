@@ -123,6 +123,35 @@ class Reaper(DispatcherService):
         await self._reap_timed_out(report)
         return report
 
+    async def reclaim_held_by(self, worker_prefix: str, reason: str) -> ReapReport:
+        """Fail at once the running attempts whose worker id starts with
+        ``worker_prefix``, a holder known to be gone (see
+        :meth:`~trace_core.leasing.LeaseQueue.reclaim_held_by`), with ``reason``
+        as their error; terminal failures are journaled like expired ones."""
+        report = ReapReport()
+        now = self.clock.now()
+        jobs: dict[Any, uuid.UUID] = {}
+
+        async def reasons(t: Transaction, fences: Sequence[Fence]) -> dict[Any, str]:
+            for item_id, (job_id, _) in (await _lease_info(t, [f.item_id for f in fences])).items():
+                jobs[item_id] = job_id
+            return {}
+
+        async def failed(t: Transaction, fence: Fence, outcome: FailOutcome, error: str) -> None:
+            if not outcome.retrying:
+                await _journal_dead(t, jobs[fence.item_id], fence, error, now)
+
+        reclaimed = await self.tasks.leases.reclaim_held_by(
+            worker_prefix,
+            reason=reason,
+            limit=self.config.batch_size,
+            hooks=ReclaimHooks(reasons, failed),
+        )
+        report.expired += len(reclaimed.retried) + len(reclaimed.dead_lettered)
+        report.retried += len(reclaimed.retried)
+        report.dead_lettered.extend(uuid.UUID(str(i)) for i in reclaimed.dead_lettered)
+        return report
+
     async def _reap_expired(self, report: ReapReport) -> None:
         # The queue's own reclaim, with the reason worded from the lease each
         # attempt held and terminal failures journaled in its transaction.

@@ -25,6 +25,7 @@ from trace_core.storage.ports.catalog import CatalogOps
 from trace_core.storage.ports.concurrency import ConcurrencyOps
 from trace_core.storage.ports.events import EventOps
 from trace_core.storage.ports.explain import ExplainOps
+from trace_core.storage.ports.handover import HandoverOps
 from trace_core.storage.ports.inbox import InboxOps
 from trace_core.storage.ports.inbox_credentials import InboxCredentialOps
 from trace_core.storage.ports.job_states import JobStateOps
@@ -193,6 +194,11 @@ class Transaction(Protocol):
     @property
     def reaper(self) -> ReaperOps:
         """What the reaper reads about running attempts and their leases."""
+        ...
+
+    @property
+    def handover(self) -> HandoverOps:
+        """Revoking at once the leases of a holder known to be gone."""
         ...
 
     @property

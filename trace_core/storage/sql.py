@@ -43,6 +43,7 @@ from trace_core.storage.sql_errors import translate_errors
 from trace_core.storage.sql_events import SqlEventOps
 from trace_core.storage.sql_explain import SqlExplainOps
 from trace_core.storage.sql_handoff import handoff_insert
+from trace_core.storage.sql_handover import SqlHandoverOps
 from trace_core.storage.sql_inbox import SqlInboxOps
 from trace_core.storage.sql_inbox_credentials import SqlInboxCredentialOps
 from trace_core.storage.sql_job_states import SqlJobStateOps
@@ -236,6 +237,11 @@ class SqlTransaction:
     def reaper(self) -> SqlReaperOps:
         """What the reaper reads (:mod:`~trace_core.storage.sql_reaper`)."""
         return SqlReaperOps(self)
+
+    @functools.cached_property
+    def handover(self) -> SqlHandoverOps:
+        """Revoking a gone holder's leases (:mod:`~trace_core.storage.sql_handover`)."""
+        return SqlHandoverOps(self)
 
     @functools.cached_property
     def explain(self) -> SqlExplainOps:

@@ -53,6 +53,7 @@ from trace_core.storage.ports.explain import (
     InputEvent,
     JobStateFlags,
 )
+from trace_core.storage.ports.handover import HandoverOps
 from trace_core.storage.ports.inbox import (
     EventDelivery,
     HistoryEntry,
@@ -177,6 +178,7 @@ __all__ = [
     "ExplainOps",
     "ExplainedJob",
     "FailedAttempt",
+    "HandoverOps",
     "HeldLease",
     "HistoryEntry",
     "InboxCredentialOps",
