@@ -134,10 +134,13 @@ def test_run_killed_twice_at_random_moments_finishes_like_the_reference(
     dag.write_text(small_dag(BLOCKS, SIZE))
     data_dir = tmp_path / "lite"
     killed: list[dict[str, Any]] = []
-    for n in (1, 2):
+    # The first kill lands while the source runs, before Spark work (its lease
+    # is what a restart used to wait out); the second in the middle of Spark work.
+    for n, (what, running) in enumerate(
+        (("the source running", 1), ("a task running beside the source", 2)), start=1
+    ):
         run = LiteRun(dag, data_dir, database_url, tmp_path / f"run-{n}.log")
-        # The source runs from the start; a second running task is Spark work.
-        run.wait_for("a task running beside the source", lambda r: r.running() >= 2, 300)
+        run.wait_for(what, lambda r, running=running: r.running() >= running, 300)
         delay = rng.uniform(0.0, 4.0)
         time.sleep(delay)  # the random moment of the fault, not a wait for state
         run.kill()
