@@ -115,6 +115,45 @@ async def test_new_events_are_stored_pending_with_their_copies_and_origin(
     assert (row["deliveries"], row["cursor"], row["unit_key"]) == (3, "2", "cursor:2")
 
 
+async def test_each_column_of_a_mixed_request_is_stored_as_given(
+    repo: SqlRepository, clock: ManualClock, world: World
+) -> None:
+    """Ranges, partitions without a range, cursors, two versions and keys that
+    need quoting (the Postgres insert sends the request as columns)."""
+    a1, a2 = world.versions["a1"], world.versions["a2"]
+    events = [
+        NewEvent(world.dataset, a1, "partition:0-99", None, "0-99", 0, 99, 1),
+        NewEvent(world.dataset, a1, 'partition:é"{,}\\', None, 'é"{,}\\', None, None, 2),
+        NewEvent(world.dataset, a2, "cursor:7", "7", None, None, None, 1),
+        NewEvent(world.dataset, a2, "partition:-5-9007199254740993", None, "x", -5, 2**53 + 1, 1),
+    ]
+    async with repo.transaction() as tx:
+        done = await tx.events.store_events(events, producer=None, now=clock.now())
+    assert set(done.ids) == {(e.dataset_version, e.unit_key) for e in events}
+    assert done.fresh == set(done.ids.values())
+    for e in events:
+        row = await stored(repo, done.ids[(e.dataset_version, e.unit_key)])
+        assert (
+            row["dataset_uuid"],
+            row["dataset_version"],
+            row["unit_key"],
+            row["cursor"],
+            row["partition_key"],
+            row["range_start"],
+            row["range_end"],
+            row["deliveries"],
+        ) == (
+            e.dataset_uuid,
+            e.dataset_version,
+            e.unit_key,
+            e.cursor,
+            e.partition_key,
+            e.start,
+            e.end,
+            e.copies,
+        )
+
+
 async def test_a_redelivery_only_counts(
     repo: SqlRepository, clock: ManualClock, world: World
 ) -> None:

@@ -15,14 +15,13 @@ import json
 import uuid
 from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime
-from typing import Any
 
 import sqlalchemy as sa
 
 from trace_core.model import TASKS
 from trace_core.ranges import merge_ranges
 from trace_core.storage import schema
-from trace_core.storage.bulk import bulk_insert, id_block, records_param
+from trace_core.storage.bulk import id_block, records_param
 from trace_core.storage.ports.events import (
     EventKey,
     NewEvent,
@@ -31,6 +30,7 @@ from trace_core.storage.ports.events import (
     StoredEvents,
 )
 from trace_core.storage.sql_area import SqlArea
+from trace_core.storage.sql_events_insert import INSERT_EVENTS, insert_events_params
 from trace_core.storage.sql_leasing import reply_accepted
 
 __all__ = ["SqlEventOps"]
@@ -155,35 +155,25 @@ class SqlEventOps(SqlArea):
     ) -> StoredEvents:
         if not events:
             return StoredEvents({}, set())
-        pg = self.engine_name == "postgres"
-        text: dict[uuid.UUID | datetime, str] = {}
-
-        def value(v: uuid.UUID | datetime | None) -> Any:
-            # Postgres rows travel as JSON: format each distinct id and time once
-            if not pg or v is None:
-                return v
-            return text.get(v) or text.setdefault(
-                v, v.hex if isinstance(v, uuid.UUID) else v.isoformat()
-            )
-
+        copies = {(ev.dataset_version, ev.unit_key): ev.copies for ev in events}
+        if self.engine_name == "postgres":
+            return await self._store_events_pg(events, copies, producer, now)
         block = id_block()  # time-ordered ids: appended to the primary key, not scattered
-        producer_id = value(None if producer is None else producer[0])
-        at = value(now)
         rows = [
             {
-                "id": f"{block}{n:08x}" if pg else uuid.UUID(f"{block}{n:08x}"),
-                "dataset_uuid": value(ev.dataset_uuid),
-                "dataset_version": value(ev.dataset_version),
+                "id": uuid.UUID(f"{block}{n:08x}"),
+                "dataset_uuid": ev.dataset_uuid,
+                "dataset_version": ev.dataset_version,
                 "unit_key": ev.unit_key,
                 "cursor": ev.cursor,
                 "partition_key": ev.partition_key,
                 "range_start": ev.start,
                 "range_end": ev.end,
                 "origin": "manual" if producer is None else "task",
-                "producer_task_id": producer_id,
+                "producer_task_id": None if producer is None else producer[0],
                 "producer_attempt": None if producer is None else producer[1],
-                "received_at": at,
-                "last_received_at": at,
+                "received_at": now,
+                "last_received_at": now,
                 "deliveries": ev.copies,
                 "route_status": "pending",
                 "tasks_created": 0,
@@ -191,9 +181,6 @@ class SqlEventOps(SqlArea):
             }
             for n, ev in enumerate(events)
         ]
-        copies = {(ev.dataset_version, ev.unit_key): ev.copies for ev in events}
-        if pg:
-            return await self._store_events_pg(rows, copies, now)
         e = schema.events
         insert = self._tx.insert(e)
         stmt = insert.on_conflict_do_update(
@@ -213,17 +200,17 @@ class SqlEventOps(SqlArea):
         return StoredEvents(ids, fresh)
 
     async def _store_events_pg(
-        self, rows: list[dict[str, Any]], copies: Mapping[EventKey, int], now: datetime
+        self,
+        events: Sequence[NewEvent],
+        copies: Mapping[EventKey, int],
+        producer: tuple[uuid.UUID, int] | None,
+        now: datetime,
     ) -> StoredEvents:
-        """Insert the new events; count redeliveries without waiting for a
-        routing that holds them (:data:`_COUNT_NOW`)."""
-        e = schema.events
-        stmt = (
-            bulk_insert(e, list(rows[0]))
-            .on_conflict_do_nothing(index_elements=[e.c.dataset_version, e.c.unit_key])
-            .returning(e.c.id, e.c.dataset_version, e.c.unit_key)
-        )
-        inserted = await self._rows("store events", stmt, {"rows": records_param(rows)})
+        """Insert the new events, sent as columns (:data:`INSERT_EVENTS`);
+        count redeliveries without waiting for a routing that holds them
+        (:data:`_COUNT_NOW`)."""
+        params = insert_events_params(events, producer=producer, now=now)
+        inserted = await self._fixed_rows("store events", INSERT_EVENTS, params)
         ids: dict[EventKey, uuid.UUID] = {
             (version, unit_key): row_id for row_id, version, unit_key in inserted
         }
