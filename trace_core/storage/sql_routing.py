@@ -189,13 +189,17 @@ class SqlRoutingOps(SqlArea):
             # in that generic plan ``id = ANY(:ids)`` is a filter comparing
             # every event row with every id (linear in the table, times the
             # batch); joined, each id is one primary-key lookup.
-            ids = sa.func.unnest(
-                # each id once: a repeated id must not return (and lock) its row twice
-                sa.cast(
-                    sa.bindparam("ids", uuid_array(dict.fromkeys(event_ids))),
-                    postgresql.ARRAY(sa.Uuid()),
+            ids = (
+                sa.func.unnest(
+                    # each id once: a repeated id must not return (and lock) its row twice
+                    sa.cast(
+                        sa.bindparam("ids", uuid_array(dict.fromkeys(event_ids))),
+                        postgresql.ARRAY(sa.Uuid()),
+                    )
                 )
-            ).table_valued("id")
+                .table_valued(sa.column("id", sa.Uuid()))
+                .render_derived(name="wanted")
+            )
             query = query.join(ids, e.c.id == ids.c.id).where(e.c.route_status == "pending")
         else:
             query = query.where(e.c.id.in_(list(event_ids)), e.c.route_status == "pending")
