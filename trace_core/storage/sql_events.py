@@ -15,13 +15,15 @@ import json
 import uuid
 from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime
+from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
 
 from trace_core.model import TASKS
 from trace_core.ranges import merge_ranges
 from trace_core.storage import schema
-from trace_core.storage.bulk import id_block, records_param
+from trace_core.storage.bulk import id_block, records_param, uuid_array
 from trace_core.storage.ports.events import (
     EventKey,
     NewEvent,
@@ -116,30 +118,63 @@ ON CONFLICT (dataset_version) DO UPDATE SET
 )
 
 
+def _producer(row: Sequence[Any]) -> ProducerAttempt:
+    status, attempt, replying, outputs = row[:4]
+    return ProducerAttempt(
+        str(status), int(attempt), bool(replying), tuple(uuid.UUID(str(o)) for o in outputs or ())
+    )
+
+
 class SqlEventOps(SqlArea):
     """:class:`~trace_core.storage.ports.events.EventOps` on a SQL transaction."""
 
-    async def lock_producer_attempt(self, task_id: uuid.UUID) -> ProducerAttempt | None:
+    def _producer_query(self, task_id: uuid.UUID) -> sa.Select[Any]:
         t, j = schema.tasks, schema.jobs
         # The same status test as a fenced completion (one rule for every reply).
         replying = reply_accepted(TASKS).label("replying")
-        stmt = (
+        return (
             sa.select(t.c.status, t.c.attempt, replying, j.c.output_datasets)
             .join(j, j.c.id == t.c.job_id)
             .where(t.c.id == task_id)
         )
+
+    async def lock_producer_attempt(self, task_id: uuid.UUID) -> ProducerAttempt | None:
+        stmt = self._producer_query(task_id)
         if self.engine_name == "postgres":
-            stmt = stmt.with_for_update(read=True, of=t)
+            stmt = stmt.with_for_update(read=True, of=schema.tasks)
+        rows = await self._rows("producer attempt", stmt)
+        return _producer(rows[0]) if rows else None
+
+    async def lock_producer_and_versions(
+        self, task_id: uuid.UUID, version_ids: Collection[uuid.UUID]
+    ) -> tuple[ProducerAttempt | None, dict[uuid.UUID, uuid.UUID]]:
+        if self.engine_name != "postgres" or not version_ids:
+            # SQLite: in-process, a second statement costs no round trip
+            found = await self.lock_producer_attempt(task_id)
+            return found, await self.datasets_of_versions(version_ids)
+        # Postgres: the versions' owners ride on the producer row as one JSON
+        # object (an acceptance is a chain of round trips: one fewer here).
+        v = schema.dataset_versions
+        wanted = sa.cast(
+            sa.bindparam("versions", uuid_array(set(version_ids))), postgresql.ARRAY(sa.Uuid())
+        )
+        owners = (
+            sa.select(sa.func.jsonb_object_agg(v.c.id, v.c.dataset_uuid))
+            .where(v.c.id == sa.func.any(wanted))
+            .scalar_subquery()
+        )
+        stmt = (
+            self._producer_query(task_id)
+            .add_columns(sa.type_coerce(owners, postgresql.JSONB))
+            .with_for_update(read=True, of=schema.tasks)
+        )
         rows = await self._rows("producer attempt", stmt)
         if not rows:
-            return None
-        status, attempt, replying_now, outputs = rows[0]
-        return ProducerAttempt(
-            str(status),
-            int(attempt),
-            bool(replying_now),
-            tuple(uuid.UUID(str(o)) for o in outputs or ()),
-        )
+            return None, {}
+        return _producer(rows[0]), {
+            uuid.UUID(version): uuid.UUID(dataset)
+            for version, dataset in (rows[0][4] or {}).items()
+        }
 
     async def datasets_of_versions(
         self, version_ids: Collection[uuid.UUID]
