@@ -58,6 +58,15 @@ async def event_row(repo: SqlRepository, event_id: uuid.UUID) -> dict[str, Any]:
     return dict(row._mapping)
 
 
+async def test_a_repeated_id_finds_its_pending_event_once(
+    repo: SqlRepository, clock: ManualClock, world: World
+) -> None:
+    first, second = await store(repo, clock, world, "1", "2")
+    async with repo.transaction() as tx:
+        found = await tx.routing.lock_pending_events([second, first, second, first, first])
+    assert [e.id for e in found] == [first, second]
+
+
 async def test_pending_events_oldest_first(
     repo: SqlRepository, clock: ManualClock, world: World
 ) -> None:

@@ -21,7 +21,7 @@ operator) and a stale attempt are refused and change nothing.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -32,7 +32,7 @@ from trace_core.dispatcher.redeliveries import deferred_payload
 from trace_core.errors import InvalidInput, InvalidTransition, StaleClaim
 from trace_core.model import TASKS
 from trace_core.outbox import write_outbox
-from trace_core.storage.ports.events import NewEvent
+from trace_core.storage.ports.events import NewEvent, ProducerAttempt
 from trace_core.storage.protocol import NewOutboxRow, Repository, Transaction, within
 from trace_core.storage.sql_errors import translate_errors
 
@@ -86,9 +86,15 @@ class EventGateway:
     ) -> AcceptResult:
         async with within(self.repo, tx) as t:
             now = self.clock.now()
-            if producer is not None:
-                await _check_producer(t, producer, events)
-            await _check_versions(t, events)
+            versions = {e.dataset_version for e in events}
+            if producer is None:
+                owners = await t.events.datasets_of_versions(versions)
+            else:
+                found, owners = await t.events.lock_producer_and_versions(
+                    producer.task_id, versions
+                )
+                _check_producer(found, producer, events)
+            _check_versions(owners, events)
             ids, fresh, later = await _store_events(t, events, producer, now)
             first = {i: e for e, i in reversed(list(zip(events, ids, strict=True)))}
             await record_coverage(t, [first[i] for i in fresh], now=now)
@@ -106,12 +112,12 @@ class EventGateway:
         return AcceptResult(ids, len(fresh), len(events) - len(fresh))
 
 
-async def _check_producer(
-    tx: Transaction, producer: Producer, events: Sequence[DatasetEvent]
+def _check_producer(
+    found: ProducerAttempt | None, producer: Producer, events: Sequence[DatasetEvent]
 ) -> None:
-    # Locked (Postgres): a claim of a newer attempt waits for this acceptance
-    # to commit (and vice versa), so "current attempt" is judged consistently.
-    found = await tx.events.lock_producer_attempt(producer.task_id)
+    # ``found`` is locked (Postgres): a claim of a newer attempt waits for this
+    # acceptance to commit (and vice versa), so "current attempt" is judged
+    # consistently.
     if found is None:
         raise StaleClaim("tasks", producer.task_id, "no such task")
     status, attempt, replying = found.status, found.attempt, found.replying
@@ -138,8 +144,7 @@ async def _check_producer(
             )
 
 
-async def _check_versions(tx: Transaction, events: Sequence[DatasetEvent]) -> None:
-    owner = await tx.events.datasets_of_versions({e.dataset_version for e in events})
+def _check_versions(owner: Mapping[uuid.UUID, uuid.UUID], events: Sequence[DatasetEvent]) -> None:
     for i, event in enumerate(events):
         if event.dataset_version not in owner:
             raise InvalidInput(

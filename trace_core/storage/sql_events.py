@@ -18,11 +18,12 @@ from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
 
 from trace_core.model import TASKS
 from trace_core.ranges import merge_ranges
 from trace_core.storage import schema
-from trace_core.storage.bulk import bulk_insert, id_block, records_param
+from trace_core.storage.bulk import id_block, records_param, uuid_array
 from trace_core.storage.ports.events import (
     EventKey,
     NewEvent,
@@ -31,6 +32,7 @@ from trace_core.storage.ports.events import (
     StoredEvents,
 )
 from trace_core.storage.sql_area import SqlArea
+from trace_core.storage.sql_events_insert import INSERT_EVENTS, insert_events_params
 from trace_core.storage.sql_leasing import reply_accepted
 
 __all__ = ["SqlEventOps"]
@@ -116,30 +118,63 @@ ON CONFLICT (dataset_version) DO UPDATE SET
 )
 
 
+def _producer(row: Sequence[Any]) -> ProducerAttempt:
+    status, attempt, replying, outputs = row[:4]
+    return ProducerAttempt(
+        str(status), int(attempt), bool(replying), tuple(uuid.UUID(str(o)) for o in outputs or ())
+    )
+
+
 class SqlEventOps(SqlArea):
     """:class:`~trace_core.storage.ports.events.EventOps` on a SQL transaction."""
 
-    async def lock_producer_attempt(self, task_id: uuid.UUID) -> ProducerAttempt | None:
+    def _producer_query(self, task_id: uuid.UUID) -> sa.Select[Any]:
         t, j = schema.tasks, schema.jobs
         # The same status test as a fenced completion (one rule for every reply).
         replying = reply_accepted(TASKS).label("replying")
-        stmt = (
+        return (
             sa.select(t.c.status, t.c.attempt, replying, j.c.output_datasets)
             .join(j, j.c.id == t.c.job_id)
             .where(t.c.id == task_id)
         )
+
+    async def lock_producer_attempt(self, task_id: uuid.UUID) -> ProducerAttempt | None:
+        stmt = self._producer_query(task_id)
         if self.engine_name == "postgres":
-            stmt = stmt.with_for_update(read=True, of=t)
+            stmt = stmt.with_for_update(read=True, of=schema.tasks)
+        rows = await self._rows("producer attempt", stmt)
+        return _producer(rows[0]) if rows else None
+
+    async def lock_producer_and_versions(
+        self, task_id: uuid.UUID, version_ids: Collection[uuid.UUID]
+    ) -> tuple[ProducerAttempt | None, dict[uuid.UUID, uuid.UUID]]:
+        if self.engine_name != "postgres" or not version_ids:
+            # SQLite: in-process, a second statement costs no round trip
+            found = await self.lock_producer_attempt(task_id)
+            return found, await self.datasets_of_versions(version_ids)
+        # Postgres: the versions' owners ride on the producer row as one JSON
+        # object (an acceptance is a chain of round trips: one fewer here).
+        v = schema.dataset_versions
+        wanted = sa.cast(
+            sa.bindparam("versions", uuid_array(set(version_ids))), postgresql.ARRAY(sa.Uuid())
+        )
+        owners = (
+            sa.select(sa.func.jsonb_object_agg(v.c.id, v.c.dataset_uuid))
+            .where(v.c.id == sa.func.any(wanted))
+            .scalar_subquery()
+        )
+        stmt = (
+            self._producer_query(task_id)
+            .add_columns(sa.type_coerce(owners, postgresql.JSONB))
+            .with_for_update(read=True, of=schema.tasks)
+        )
         rows = await self._rows("producer attempt", stmt)
         if not rows:
-            return None
-        status, attempt, replying_now, outputs = rows[0]
-        return ProducerAttempt(
-            str(status),
-            int(attempt),
-            bool(replying_now),
-            tuple(uuid.UUID(str(o)) for o in outputs or ()),
-        )
+            return None, {}
+        return _producer(rows[0]), {
+            uuid.UUID(version): uuid.UUID(dataset)
+            for version, dataset in (rows[0][4] or {}).items()
+        }
 
     async def datasets_of_versions(
         self, version_ids: Collection[uuid.UUID]
@@ -155,35 +190,25 @@ class SqlEventOps(SqlArea):
     ) -> StoredEvents:
         if not events:
             return StoredEvents({}, set())
-        pg = self.engine_name == "postgres"
-        text: dict[uuid.UUID | datetime, str] = {}
-
-        def value(v: uuid.UUID | datetime | None) -> Any:
-            # Postgres rows travel as JSON: format each distinct id and time once
-            if not pg or v is None:
-                return v
-            return text.get(v) or text.setdefault(
-                v, v.hex if isinstance(v, uuid.UUID) else v.isoformat()
-            )
-
+        copies = {(ev.dataset_version, ev.unit_key): ev.copies for ev in events}
+        if self.engine_name == "postgres":
+            return await self._store_events_pg(events, copies, producer, now)
         block = id_block()  # time-ordered ids: appended to the primary key, not scattered
-        producer_id = value(None if producer is None else producer[0])
-        at = value(now)
         rows = [
             {
-                "id": f"{block}{n:08x}" if pg else uuid.UUID(f"{block}{n:08x}"),
-                "dataset_uuid": value(ev.dataset_uuid),
-                "dataset_version": value(ev.dataset_version),
+                "id": uuid.UUID(f"{block}{n:08x}"),
+                "dataset_uuid": ev.dataset_uuid,
+                "dataset_version": ev.dataset_version,
                 "unit_key": ev.unit_key,
                 "cursor": ev.cursor,
                 "partition_key": ev.partition_key,
                 "range_start": ev.start,
                 "range_end": ev.end,
                 "origin": "manual" if producer is None else "task",
-                "producer_task_id": producer_id,
+                "producer_task_id": None if producer is None else producer[0],
                 "producer_attempt": None if producer is None else producer[1],
-                "received_at": at,
-                "last_received_at": at,
+                "received_at": now,
+                "last_received_at": now,
                 "deliveries": ev.copies,
                 "route_status": "pending",
                 "tasks_created": 0,
@@ -191,9 +216,6 @@ class SqlEventOps(SqlArea):
             }
             for n, ev in enumerate(events)
         ]
-        copies = {(ev.dataset_version, ev.unit_key): ev.copies for ev in events}
-        if pg:
-            return await self._store_events_pg(rows, copies, now)
         e = schema.events
         insert = self._tx.insert(e)
         stmt = insert.on_conflict_do_update(
@@ -213,17 +235,17 @@ class SqlEventOps(SqlArea):
         return StoredEvents(ids, fresh)
 
     async def _store_events_pg(
-        self, rows: list[dict[str, Any]], copies: Mapping[EventKey, int], now: datetime
+        self,
+        events: Sequence[NewEvent],
+        copies: Mapping[EventKey, int],
+        producer: tuple[uuid.UUID, int] | None,
+        now: datetime,
     ) -> StoredEvents:
-        """Insert the new events; count redeliveries without waiting for a
-        routing that holds them (:data:`_COUNT_NOW`)."""
-        e = schema.events
-        stmt = (
-            bulk_insert(e, list(rows[0]))
-            .on_conflict_do_nothing(index_elements=[e.c.dataset_version, e.c.unit_key])
-            .returning(e.c.id, e.c.dataset_version, e.c.unit_key)
-        )
-        inserted = await self._rows("store events", stmt, {"rows": records_param(rows)})
+        """Insert the new events, sent as columns (:data:`INSERT_EVENTS`);
+        count redeliveries without waiting for a routing that holds them
+        (:data:`_COUNT_NOW`)."""
+        params = insert_events_params(events, producer=producer, now=now)
+        inserted = await self._fixed_rows("store events", INSERT_EVENTS, params)
         ids: dict[EventKey, uuid.UUID] = {
             (version, unit_key): row_id for row_id, version, unit_key in inserted
         }

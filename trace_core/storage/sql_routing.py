@@ -182,18 +182,34 @@ class SqlRoutingOps(SqlArea):
             return []
         e = schema.events
         pg = self.engine_name == "postgres"
+        query = _select_events()
         if pg:
-            # one array parameter, not hundreds of expanded IN parameters
-            ids = sa.cast(sa.bindparam("ids", uuid_array(event_ids)), postgresql.ARRAY(sa.Uuid()))
-            wanted = e.c.id == sa.func.any(ids)
+            # One array parameter, not hundreds of expanded IN parameters, joined
+            # as a table: psycopg prepares the statement after a few runs, and
+            # in that generic plan ``id = ANY(:ids)`` is a filter comparing
+            # every event row with every id (linear in the table, times the
+            # batch); joined, each id is one primary-key lookup.
+            ids = (
+                sa.func.unnest(
+                    # each id once: a repeated id must not return (and lock) its row twice
+                    sa.cast(
+                        sa.bindparam("ids", uuid_array(dict.fromkeys(event_ids))),
+                        postgresql.ARRAY(sa.Uuid()),
+                    )
+                )
+                .table_valued(sa.column("id", sa.Uuid()))
+                .render_derived(name="wanted")
+            )
+            query = query.join(ids, e.c.id == ids.c.id).where(e.c.route_status == "pending")
         else:
-            wanted = e.c.id.in_(list(event_ids))
-        query = _select_events().where(wanted, e.c.route_status == "pending")
+            query = query.where(e.c.id.in_(list(event_ids)), e.c.route_status == "pending")
         if pg:
             # Locked in unique-key order (bytewise, as Python sorts them), the one
             # order every writer of event rows takes: accepts insert and count in
             # it (skipping rows held here), and deferred counts wait in it.
-            query = query.order_by(e.c.dataset_version, e.c.unit_key.collate("C")).with_for_update()
+            query = query.order_by(e.c.dataset_version, e.c.unit_key.collate("C")).with_for_update(
+                of=e
+            )
         events = [StoredEvent(*row) for row in await self._rows("pending events", query)]
         return sorted(events, key=lambda ev: (ev.received_at, ev.id))
 

@@ -107,6 +107,14 @@ class EventOps(Protocol):
         """dataset version -> its dataset, for those of ``version_ids`` that exist."""
         ...
 
+    async def lock_producer_and_versions(
+        self, task_id: uuid.UUID, version_ids: Collection[uuid.UUID]
+    ) -> tuple[ProducerAttempt | None, dict[uuid.UUID, uuid.UUID]]:
+        """:meth:`lock_producer_attempt` and :meth:`datasets_of_versions`
+        together, as one round trip where the engine has them (Postgres).
+        The versions may be left unread (``{}``) for an unknown task."""
+        ...
+
     async def store_events(
         self, events: Sequence[NewEvent], *, producer: tuple[uuid.UUID, int] | None, now: datetime
     ) -> StoredEvents:
