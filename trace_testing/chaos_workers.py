@@ -21,7 +21,8 @@ from __future__ import annotations
 import random
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -125,11 +126,19 @@ class _Completions:
         return total
 
 
-async def _fresh_backlog(repo: SqlRepository, tasks: int) -> tuple[EffectLedger, list[uuid.UUID]]:
-    """The effect ledger, created, and ``tasks`` new tasks of ``repo``'s database."""
-    ledger = EffectLedger(repo)
-    await ledger.create()
-    return ledger, await create_tasks(repo, tasks, max_attempts=10)
+@asynccontextmanager
+async def _fresh_backlog(
+    url: str, tasks: int
+) -> AsyncIterator[tuple[SqlRepository, EffectLedger, list[uuid.UUID]]]:
+    """A repository of database ``url`` (closed on exit), its effect ledger,
+    created, and the ids of ``tasks`` new tasks."""
+    repo = SqlRepository(url)
+    try:
+        ledger = EffectLedger(repo)
+        await ledger.create()
+        yield repo, ledger, await create_tasks(repo, tasks, max_attempts=10)
+    finally:
+        await repo.close()
 
 
 def _drain_options(
@@ -259,9 +268,7 @@ async def kill_drain(
     observer: Progress = progress or _Unobserved()
     options = _drain_options(worker_options, batch, lease_seconds)
     rng = random.Random(seed)
-    repo = SqlRepository(url)
-    try:
-        ledger, ids = await _fresh_backlog(repo, tasks)
+    async with _fresh_backlog(url, tasks) as (repo, ledger, ids):
         fleet = WorkerFleet(workers.run_worker, workers.STAT_NAMES, rng=random.Random(seed))
         completions = _Completions(observer, fleet)
         orphaned: list[int] = []
@@ -309,8 +316,6 @@ async def kill_drain(
             exit_codes=codes,
             worker_reports=read_reports(report_path),
         )
-    finally:
-        await repo.close()
 
 
 async def pause_outside_writes(
@@ -382,10 +387,8 @@ async def pause_past_lease(
         raise ValueError("need 1 <= held <= tasks and workers_running >= 1")
     observer: Progress = progress or _Unobserved()
     options = _drain_options(worker_options, batch, lease_seconds)
-    repo = SqlRepository(url)
-    queue = TaskQueue(repo)
-    try:
-        ledger, ids = await _fresh_backlog(repo, tasks)
+    async with _fresh_backlog(url, tasks) as (repo, ledger, ids):
+        queue = TaskQueue(repo)
         probes = WorkerFleet(run_probe, PROBE_STATS)
         fleet = WorkerFleet(workers.run_worker, workers.STAT_NAMES)
         completions = _Completions(observer, fleet)
@@ -476,5 +479,3 @@ async def pause_past_lease(
             exit_codes=codes,
             worker_reports=read_reports(report_path),
         )
-    finally:
-        await repo.close()
