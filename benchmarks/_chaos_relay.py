@@ -8,21 +8,19 @@ loop (:func:`trace_testing.relay_chaos.run_relay`), each delivery taking
 deliveries, it is SIGKILLed and a successor started, which reclaims the dead
 relay's rows once their 1 s lease expires
 (:func:`trace_testing.relay_chaos.relay_kill_drain`). Units are deliveries.
-The row adds ``lost`` (rows never delivered), ``not_done`` (rows not marked
-``Done``) and ``duplicated`` (deliveries repeated after a kill, which
-at-least-once delivery allows).
+The row adds ``lost`` (rows never delivered), ``duplicated`` (deliveries
+repeated after a kill, which at-least-once delivery allows), the history
+checker's other findings, and ``not_done`` (rows not marked ``Done``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from benchmarks._chaos import ChaosScenario
-from benchmarks._chaos_workers import run_fresh
+from benchmarks._chaos_workers import history_columns, run_drain, scaled
 from benchmarks._common import Engine
-from trace_testing.chaos_workers import Progress
 from trace_testing.relay_chaos import relay_kill_drain
 
 __all__ = ["SCENARIO"]
@@ -32,28 +30,22 @@ KILLS = 3
 
 
 def _run(engine: Engine, options: Mapping[str, Any]) -> dict[str, Any]:
-    rows = max(100, round(ROWS * float(options.get("scale", 1.0))))
-
-    async def scenario(url: str, workdir: Path, progress: Progress) -> Any:
-        return await relay_kill_drain(
-            url,
-            rows=rows,
-            kills=KILLS,
-            report_path=workdir / "relay.txt",
-            progress=progress,
-            relay_options={"handler_seconds": 0.002, "lease_seconds": 1.0},
-            bound_seconds=600.0,
-        )
-
-    phases, report = run_fresh(engine, "chaos_relay", scenario)
-    history = report.history
+    rows = scaled(ROWS, options)
+    phases, report = run_drain(
+        engine,
+        "chaos_relay",
+        relay_kill_drain,
+        "relay.txt",
+        rows=rows,
+        kills=KILLS,
+        relay_options={"handler_seconds": 0.002, "lease_seconds": 1.0},
+        bound_seconds=600.0,
+    )
     return {
         **phases,
         "rows": rows,
-        "lost": len(history.lost),
+        **history_columns(report.history),
         "not_done": report.not_done,
-        "duplicated": history.duplicate_effects,
-        "out_of_fence": len(history.out_of_fence),
         "kills": len(report.killed),
         "drain_s": round(report.seconds, 2),
     }

@@ -9,7 +9,9 @@ come back after their TTL (1.5 s). The row adds the history checker's
 findings (``lost``, ``duplicated``, ``out_of_fence``: all 0 when the
 protocol holds) and the kills.
 
-Also the shared runner of the worker scenarios (:func:`run_fresh`).
+Also the shared parts of the worker scenarios: their runner (:func:`run_fresh`,
+:func:`run_drain`), their size (:func:`scaled`) and the history checker's
+columns of their rows (:func:`history_columns`).
 """
 
 from __future__ import annotations
@@ -24,8 +26,9 @@ import anyio
 from benchmarks._chaos import ChaosScenario, Timeline
 from benchmarks._common import Databases, Engine
 from trace_testing.chaos_workers import Progress, kill_drain
+from trace_testing.history import HistoryReport
 
-__all__ = ["SCENARIO", "FromFirstUnit", "run_fresh"]
+__all__ = ["SCENARIO", "FromFirstUnit", "history_columns", "run_drain", "run_fresh", "scaled"]
 
 T = TypeVar("T")
 
@@ -78,28 +81,55 @@ def run_fresh(
     return timeline.phases(), result
 
 
-def _run(engine: Engine, options: Mapping[str, Any]) -> dict[str, Any]:
-    tasks = max(100, round(TASKS * float(options.get("scale", 1.0))))
+def run_drain(
+    engine: Engine,
+    label: str,
+    drain: Callable[..., Awaitable[T]],
+    report_name: str,
+    **arguments: Any,
+) -> tuple[dict[str, Any], T]:
+    """:func:`run_fresh` of ``drain(url, report_path=..., progress=...,
+    **arguments)`` (a scenario of :mod:`trace_testing.chaos_workers` or
+    :mod:`trace_testing.relay_chaos`), its processes reporting to the file
+    ``report_name`` of the work directory."""
 
-    async def scenario(url: str, workdir: Path, progress: Progress) -> Any:
-        return await kill_drain(
-            url,
-            tasks=tasks,
-            kills=KILLS,
-            report_path=workdir / "workers.txt",
-            progress=progress,
-            bound_seconds=600.0,
-        )
+    async def scenario(url: str, workdir: Path, progress: Progress) -> T:
+        return await drain(url, report_path=workdir / report_name, progress=progress, **arguments)
 
-    phases, report = run_fresh(engine, "chaos_workers", scenario)
-    history = report.history
+    return run_fresh(engine, label, scenario)
+
+
+def scaled(count: int, options: Mapping[str, Any]) -> int:
+    """``count`` multiplied by the runner's ``--scale``, at least 100."""
+    return max(100, round(count * float(options.get("scale", 1.0))))
+
+
+def history_columns(history: HistoryReport) -> dict[str, int]:
+    """The history checker's findings as columns of a row (all 0 when the
+    protocol holds; ``duplicated`` counts effects beyond the first)."""
     return {
-        **phases,
-        "tasks": tasks,
         "lost": len(history.lost),
         "duplicated": history.duplicate_effects,
         "out_of_fence": len(history.out_of_fence),
         "unexpected": len(history.unexpected),
+    }
+
+
+def _run(engine: Engine, options: Mapping[str, Any]) -> dict[str, Any]:
+    tasks = scaled(TASKS, options)
+    phases, report = run_drain(
+        engine,
+        "chaos_workers",
+        kill_drain,
+        "workers.txt",
+        tasks=tasks,
+        kills=KILLS,
+        bound_seconds=600.0,
+    )
+    return {
+        **phases,
+        "tasks": tasks,
+        **history_columns(report.history),
         "kills": len(report.killed),
         "orphaned": sum(report.orphaned),
         "retried": report.retried,

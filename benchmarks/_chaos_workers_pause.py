@@ -14,13 +14,12 @@ worker's writes: ``stale_writes_accepted`` must be 0.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from benchmarks._chaos import ChaosScenario
-from benchmarks._chaos_workers import run_fresh
+from benchmarks._chaos_workers import history_columns, run_drain, scaled
 from benchmarks._common import Engine
-from trace_testing.chaos_workers import Progress, pause_past_lease
+from trace_testing.chaos_workers import pause_past_lease
 
 __all__ = ["SCENARIO"]
 
@@ -29,28 +28,22 @@ HELD = 4
 
 
 def _run(engine: Engine, options: Mapping[str, Any]) -> dict[str, Any]:
-    tasks = max(100, round(TASKS * float(options.get("scale", 1.0))))
-
-    async def scenario(url: str, workdir: Path, progress: Progress) -> Any:
-        return await pause_past_lease(
-            url,
-            tasks=tasks,
-            held=HELD,
-            report_path=workdir / "workers.txt",
-            progress=progress,
-            bound_seconds=300.0,
-        )
-
-    phases, report = run_fresh(engine, "chaos_pause", scenario)
-    history, probe = report.history, report.probe
+    tasks = scaled(TASKS, options)
+    phases, report = run_drain(
+        engine,
+        "chaos_pause",
+        pause_past_lease,
+        "workers.txt",
+        tasks=tasks,
+        held=HELD,
+        bound_seconds=300.0,
+    )
+    probe = report.probe
     kinds = ("heartbeat", "complete", "fail")
     return {
         **phases,
         "tasks": tasks,
-        "lost": len(history.lost),
-        "duplicated": history.duplicate_effects,
-        "out_of_fence": len(history.out_of_fence),
-        "unexpected": len(history.unexpected),
+        **history_columns(report.history),
         "kills": 0,
         "held": len(report.held),
         "redone_by_others": len(report.finished_by),

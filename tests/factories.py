@@ -8,7 +8,6 @@ a job queued tasks. The backpressure, concurrency and metrics tests use them.
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ from trace_core.storage import schema
 from trace_core.storage.protocol import NewOutboxRow, NewTask
 from trace_core.storage.sql import SqlRepository
 from trace_core.tasks import TaskQueue
+from trace_testing.chaos_workers import wait_for
 
 
 async def make_job(
@@ -298,18 +298,11 @@ async def wait_until(
     what: str, condition: Callable[[], Any], deadline: float, *, describe: Callable[[], Any]
 ) -> None:
     """Poll ``condition`` (sync or async) until true; fail with ``describe()`` at ``deadline``."""
-    while True:
-        result = condition()
-        if not isinstance(result, bool):
-            result = await result
-        if result:
-            return
-        if time.monotonic() > deadline:
-            detail = describe()
-            if not isinstance(detail, str):
-                detail = await detail
-            pytest.fail(f"timed out waiting for {what}: {detail}")
-        await anyio.sleep(0.02)
+    # The kit's poll, with a test failure instead of its TimeoutError.
+    try:
+        await wait_for(what, condition, deadline, describe=describe)
+    except TimeoutError as exc:
+        pytest.fail(str(exc))
 
 
 # --- Euterpe inbox jobs -----------------------------------------------------------

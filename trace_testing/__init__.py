@@ -14,6 +14,8 @@ database keep the ownership protocol's guarantees (docs/testing.md).
   restarts, snapshot-holding idle transactions, full disks;
 - :mod:`trace_testing.workers`: a task worker process for the fault tools;
   :mod:`trace_testing.outage_workers`: the same, carried through database outages;
+  :mod:`trace_testing.process_target`: what such process targets share (their
+  config's first fields, crash report, wait for the stop flag);
 - :mod:`trace_testing.chaos_workers`, :mod:`trace_testing.relay_chaos`:
   whole chaos scenarios (workers SIGKILLed during a drain, a worker paused
   past its lease, the outbox relay SIGKILLed mid-batch) and their reports;

@@ -21,7 +21,8 @@ from __future__ import annotations
 import random
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -44,6 +45,7 @@ __all__ = [
     "pause_outside_writes",
     "pause_past_lease",
     "read_reports",
+    "survivors_exited_cleanly",
     "wait_for",
 ]
 
@@ -86,12 +88,12 @@ async def wait_for(
     condition: Callable[[], bool | Awaitable[bool]],
     deadline: float,
     *,
-    describe: Callable[[], str] = lambda: "",
+    describe: Callable[[], str | Awaitable[str]] = lambda: "",
     interval: float = 0.02,
 ) -> None:
     """Poll ``condition`` (sync or async) every ``interval`` seconds until it
-    holds; :class:`TimeoutError` naming ``what`` and ``describe()`` once
-    ``time.monotonic()`` passes ``deadline``."""
+    holds; :class:`TimeoutError` naming ``what`` and ``describe()`` (sync or
+    async) once ``time.monotonic()`` passes ``deadline``."""
     while True:
         result = condition()
         if not isinstance(result, bool):
@@ -99,7 +101,10 @@ async def wait_for(
         if result:
             return
         if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out waiting for {what}: {describe()}")
+            detail = describe()
+            if not isinstance(detail, str):
+                detail = await detail
+            raise TimeoutError(f"timed out waiting for {what}: {detail}")
         await anyio.sleep(interval)
 
 
@@ -119,6 +124,62 @@ class _Completions:
             self.progress.done(total - self.seen)
             self.seen = total
         return total
+
+
+@asynccontextmanager
+async def _fresh_backlog(
+    url: str, tasks: int
+) -> AsyncIterator[tuple[SqlRepository, EffectLedger, list[uuid.UUID]]]:
+    """A repository of database ``url`` (closed on exit), its effect ledger,
+    created, and the ids of ``tasks`` new tasks."""
+    repo = SqlRepository(url)
+    try:
+        ledger = EffectLedger(repo)
+        await ledger.create()
+        yield repo, ledger, await create_tasks(repo, tasks, max_attempts=10)
+    finally:
+        await repo.close()
+
+
+def _drain_options(
+    worker_options: Mapping[str, Any] | None, batch: int, lease_seconds: float
+) -> dict[str, Any]:
+    """``worker_options`` with the scenario's ``batch`` and ``lease_seconds`` as defaults."""
+    options = dict(worker_options or {})
+    options.setdefault("batch", batch)
+    options.setdefault("lease_seconds", lease_seconds)
+    return options
+
+
+def _start_workers(
+    fleet: WorkerFleet,
+    url: str,
+    count: int,
+    report_path: Path,
+    seed: int,
+    options: Mapping[str, Any],
+) -> None:
+    """Start workers ``w0`` … ``w<count-1>``, each with a seed of its own."""
+    for i in range(count):
+        fleet.start(_worker_config(url, f"w{i}", report_path, seed * 100 + i, options))
+
+
+async def _wait_all_completed(
+    repo: SqlRepository,
+    tasks: int,
+    completions: _Completions,
+    deadline: float,
+    describe: Callable[[], str],
+) -> None:
+    """Wait until ``tasks`` tasks are completed, reporting completions meanwhile."""
+
+    async def all_completed() -> bool:
+        completions.tick()
+        return (await _task_counts(repo))[0] >= tasks
+
+    await wait_for(
+        "every task to be completed", all_completed, deadline, describe=describe, interval=0.1
+    )
 
 
 async def _task_counts(repo: SqlRepository) -> tuple[int, int]:
@@ -150,6 +211,12 @@ def read_reports(path: Path) -> str:
     return path.read_text(encoding="utf-8") if path.exists() else ""
 
 
+def survivors_exited_cleanly(exit_codes: Mapping[str, int | None], killed: Iterable[str]) -> bool:
+    """Every process of ``exit_codes`` not in ``killed`` (SIGKILLed) stopped with exit code 0."""
+    victims = set(killed)
+    return all(code == 0 for name, code in exit_codes.items() if name not in victims)
+
+
 @dataclass(frozen=True)
 class KillDrainReport:
     """What :func:`kill_drain` saw."""
@@ -172,7 +239,7 @@ class KillDrainReport:
 
     def survivors_exited_cleanly(self) -> bool:
         """Every worker not SIGKILLed stopped with exit code 0."""
-        return all(code == 0 for name, code in self.exit_codes.items() if name not in self.killed)
+        return survivors_exited_cleanly(self.exit_codes, self.killed)
 
 
 async def kill_drain(
@@ -199,15 +266,9 @@ async def kill_drain(
     if tasks < 1 or workers_running < 1 or kills < 0:
         raise ValueError("tasks and workers_running must be >= 1, kills >= 0")
     observer: Progress = progress or _Unobserved()
-    options = dict(worker_options or {})
-    options.setdefault("batch", batch)
-    options.setdefault("lease_seconds", lease_seconds)
+    options = _drain_options(worker_options, batch, lease_seconds)
     rng = random.Random(seed)
-    repo = SqlRepository(url)
-    try:
-        ledger = EffectLedger(repo)
-        await ledger.create()
-        ids = await create_tasks(repo, tasks, max_attempts=10)
+    async with _fresh_backlog(url, tasks) as (repo, ledger, ids):
         fleet = WorkerFleet(workers.run_worker, workers.STAT_NAMES, rng=random.Random(seed))
         completions = _Completions(observer, fleet)
         orphaned: list[int] = []
@@ -218,8 +279,7 @@ async def kill_drain(
             return f"completed={completions.tick()}, killed={fleet.killed}, {fleet.totals()}"
 
         try:
-            for i in range(workers_running):
-                fleet.start(_worker_config(url, f"w{i}", report_path, seed * 100 + i, options))
+            _start_workers(fleet, url, workers_running, report_path, seed, options)
             for k in range(kills):
                 mark = tasks * (k + 1) // (kills + 2)
 
@@ -239,18 +299,7 @@ async def kill_drain(
                 orphaned.append(fleet.stat(victim, "holding"))  # frozen by the kill
                 fleet.restart(victim, seed=rng.randrange(1 << 30))
             observer.fault_ended()
-
-            async def all_completed() -> bool:
-                completions.tick()
-                return (await _task_counts(repo))[0] >= tasks
-
-            await wait_for(
-                "every task to be completed",
-                all_completed,
-                deadline,
-                describe=describe,
-                interval=0.1,
-            )
+            await _wait_all_completed(repo, tasks, completions, deadline, describe)
             seconds = time.monotonic() - started
             observer.finished()
         finally:
@@ -267,8 +316,6 @@ async def kill_drain(
             exit_codes=codes,
             worker_reports=read_reports(report_path),
         )
-    finally:
-        await repo.close()
 
 
 async def pause_outside_writes(
@@ -339,15 +386,9 @@ async def pause_past_lease(
     if tasks < held or held < 1 or workers_running < 1:
         raise ValueError("need 1 <= held <= tasks and workers_running >= 1")
     observer: Progress = progress or _Unobserved()
-    options = dict(worker_options or {})
-    options.setdefault("batch", batch)
-    options.setdefault("lease_seconds", lease_seconds)
-    repo = SqlRepository(url)
-    queue = TaskQueue(repo)
-    try:
-        ledger = EffectLedger(repo)
-        await ledger.create()
-        ids = await create_tasks(repo, tasks, max_attempts=10)
+    options = _drain_options(worker_options, batch, lease_seconds)
+    async with _fresh_backlog(url, tasks) as (repo, ledger, ids):
+        queue = TaskQueue(repo)
         probes = WorkerFleet(run_probe, PROBE_STATS)
         fleet = WorkerFleet(workers.run_worker, workers.STAT_NAMES)
         completions = _Completions(observer, fleet)
@@ -375,8 +416,7 @@ async def pause_past_lease(
                 if line.startswith("HELD "):
                     _, task_id, attempt = line.split()
                     held_attempts[task_id] = int(attempt)
-            for i in range(workers_running):
-                fleet.start(_worker_config(url, f"w{i}", report_path, seed * 100 + i, options))
+            _start_workers(fleet, url, workers_running, report_path, seed, options)
             await wait_for(
                 "a third of the tasks to be done before the pause",
                 lambda: completions.tick() >= tasks // 3,
@@ -421,18 +461,7 @@ async def pause_past_lease(
                 deadline,
                 describe=describe,
             )
-
-            async def all_completed() -> bool:
-                completions.tick()
-                return (await _task_counts(repo))[0] >= tasks
-
-            await wait_for(
-                "every task to be completed",
-                all_completed,
-                deadline,
-                describe=describe,
-                interval=0.1,
-            )
+            await _wait_all_completed(repo, tasks, completions, deadline, describe)
             observer.finished()
         finally:
             codes = {**fleet.shutdown(), **probes.shutdown()}
@@ -450,5 +479,3 @@ async def pause_past_lease(
             exit_codes=codes,
             worker_reports=read_reports(report_path),
         )
-    finally:
-        await repo.close()

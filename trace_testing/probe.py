@@ -21,7 +21,6 @@ SQLite write transaction would freeze every other writer with it).
 from __future__ import annotations
 
 import random
-import traceback
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +32,7 @@ from trace_core.model import Lease
 from trace_core.storage.sql import SqlRepository
 from trace_core.tasks import TaskQueue
 from trace_testing.history import EffectLedger
+from trace_testing.process_target import ProcessConfig, run_process, wait_until_stopped
 
 __all__ = ["PROBE_STATS", "ProbeConfig", "run_probe", "wait_until_stopped"]
 
@@ -57,13 +57,10 @@ _IX = {name: i for i, name in enumerate(PROBE_STATS)}
 
 
 @dataclass(frozen=True)
-class ProbeConfig:
-    """What the probe does; picklable."""
+class ProbeConfig(ProcessConfig):
+    """What the probe does; picklable. Its report file gets ``HELD <task id>
+    <attempt>`` per lease claimed, and any crash."""
 
-    url: str
-    name: str
-    report_path: str
-    """``HELD <task id> <attempt>`` per lease claimed, and any crash."""
     seed: int = 0
     batch: int = 4
     lease_seconds: float = 2.0
@@ -71,12 +68,7 @@ class ProbeConfig:
 
 def run_probe(config: ProbeConfig, stats: Any, stop: Any) -> None:
     """Process entry point (a :class:`~trace_testing.faults.WorkerFleet` target)."""
-    try:
-        anyio.run(_probe, config, stats, stop)
-    except BaseException:
-        with open(config.report_path, "a", encoding="utf-8") as fh:
-            fh.write(f"CRASH {config.name}\n{traceback.format_exc()}\n")
-        raise SystemExit(1) from None
+    run_process(_probe, config, stats, stop)
 
 
 async def _probe(config: ProbeConfig, stats: Any, stop: Any) -> None:
@@ -114,12 +106,6 @@ def _write_held(path: str, leases: list[Lease]) -> None:
     with open(path, "a", encoding="utf-8") as fh:
         for lease in leases:
             fh.write(f"HELD {lease.item_id} {lease.attempt}\n")
-
-
-def wait_until_stopped(stop: Any) -> None:
-    """Block (a thread) until ``stop`` (a :class:`~trace_testing.faults.StopFlag`) is set."""
-    while not stop.wait(1.0):
-        pass
 
 
 async def _work(

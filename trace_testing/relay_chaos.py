@@ -20,7 +20,6 @@ from __future__ import annotations
 import importlib
 import random
 import time
-import traceback
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -36,10 +35,15 @@ from trace_core.outbox import OutboxHandler, OutboxRelay, RelayConfig, write_out
 from trace_core.storage.protocol import NewOutboxRow
 from trace_core.storage.sql import SqlRepository
 from trace_core.storage.sql_errors import translate_errors
-from trace_testing.chaos_workers import Progress, read_reports, wait_for
+from trace_testing.chaos_workers import (
+    Progress,
+    read_reports,
+    survivors_exited_cleanly,
+    wait_for,
+)
 from trace_testing.faults import WorkerFleet
 from trace_testing.history import Effect, HistoryReport, check_history, committed_fences
-from trace_testing.probe import wait_until_stopped
+from trace_testing.process_target import ProcessConfig, run_process, wait_until_stopped
 
 __all__ = [
     "KIND",
@@ -106,13 +110,9 @@ class DeliveryLedger:
 
 
 @dataclass(frozen=True)
-class RelayProcessConfig:
-    """What one relay process does; picklable."""
+class RelayProcessConfig(ProcessConfig):
+    """What one relay process does; picklable. Its report file gets crashes."""
 
-    url: str
-    name: str
-    report_path: str
-    """Crashes are appended here."""
     seed: int = 0
     batch_size: int = 50
     concurrency: int = 10
@@ -128,12 +128,7 @@ class RelayProcessConfig:
 def run_relay(config: RelayProcessConfig, stats: Any, stop: Any) -> None:
     """Process entry point (a :class:`~trace_testing.faults.WorkerFleet`
     target): relay until ``stop`` is set; exit 1 on any crash."""
-    try:
-        anyio.run(_relay, config, stats, stop)
-    except BaseException:
-        with open(config.report_path, "a", encoding="utf-8") as fh:
-            fh.write(f"CRASH {config.name}\n{traceback.format_exc()}\n")
-        raise SystemExit(1) from None
+    run_process(_relay, config, stats, stop)
 
 
 def _load(spec: str) -> OutboxHandler:
@@ -196,6 +191,10 @@ class RelayKillReport:
     deliveries: int
     exit_codes: dict[str, int | None]
     worker_reports: str
+
+    def survivors_exited_cleanly(self) -> bool:
+        """Every relay not SIGKILLed stopped with exit code 0."""
+        return survivors_exited_cleanly(self.exit_codes, self.killed)
 
 
 async def _open_rows(repo: SqlRepository) -> int:

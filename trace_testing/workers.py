@@ -24,7 +24,6 @@ from __future__ import annotations
 import importlib
 import random
 import time
-import traceback
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, cast
@@ -38,6 +37,7 @@ from trace_core.storage.sql import SqlRepository
 from trace_core.tasks import TaskQueue
 from trace_testing.drain import Handler
 from trace_testing.history import EffectLedger
+from trace_testing.process_target import ProcessConfig, report_line, run_process
 
 __all__ = [
     "STAT_NAMES",
@@ -86,13 +86,10 @@ STAT_NAMES = (
 
 
 @dataclass(frozen=True)
-class WorkerConfig:
-    """What one worker process does; picklable."""
+class WorkerConfig(ProcessConfig):
+    """What one worker process does; picklable. Its report file gets
+    protocol violations and crashes."""
 
-    url: str
-    name: str
-    report_path: str
-    """Protocol violations and crashes are appended here."""
     seed: int
     batch: int = 8
     lease_seconds: float = 1.5
@@ -128,18 +125,7 @@ def load_handler(spec: str) -> Handler:
 def run_worker(config: WorkerConfig, stats: Any, stop: Any) -> None:
     """Process entry point (a :class:`~trace_testing.faults.WorkerFleet`
     target): work until ``stop`` is set; exit 1 on any crash."""
-    try:
-        anyio.run(work_until_stopped, config, stats, stop)
-    except BaseException:
-        report_line(config, f"CRASH {config.name}\n{traceback.format_exc()}")
-        raise SystemExit(1) from None
-
-
-def report_line(config: WorkerConfig, line: str) -> None:
-    """Append ``line`` to the worker's report file (flushed: a SIGKILL may follow)."""
-    with open(config.report_path, "a", encoding="utf-8") as fh:
-        fh.write(line + "\n")
-        fh.flush()
+    run_process(work_until_stopped, config, stats, stop)
 
 
 async def work_until_stopped(config: WorkerConfig, stats: Any, stop: Any) -> None:
