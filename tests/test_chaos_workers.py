@@ -17,7 +17,7 @@ from trace_testing.chaos_workers import kill_drain, pause_past_lease
 
 pytestmark = pytest.mark.anyio
 
-KILL_TASKS = 4_000
+KILL_TASKS = 10_000
 KILLS = 4
 
 
