@@ -28,7 +28,6 @@ import random
 import re
 import shutil
 import signal
-import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -39,37 +38,29 @@ from pathlib import Path
 from typing import IO, Any
 
 import anyio
-import pyarrow.parquet as pq
-import yaml
 
 from benchmarks._chaos import ChaosScenario, Timeline
 from benchmarks._common import Databases, Engine
 from trace_core.storage.sql import SqlRepository
 from trace_lite.buffered import table_name_of
-from trace_lite.pipeline.chain import BLOCK_SCHEMA, TRANSACTION_SCHEMA, SyntheticChain, conform
-from trace_lite.pipeline.cryo import cryo_file_name, partition_ranges
-from trace_lite.pipeline.operators import alert_records, alert_rules
-from trace_lite.pipeline.predicate import parse_where
-from trace_lite.pipeline.reference import reference_aggregates
-from trace_lite.pipeline.transforms import AGGREGATE_SCHEMA, STAGING_PREFIX
-from trace_lite.status import DatasetStatus, dataset_statuses
+from trace_lite.pipeline.cryo import partition_ranges
+from trace_lite.pipeline.transforms import STAGING_PREFIX
+from trace_lite.status import DatasetStatus
+from trace_testing.lite_reference import (
+    PARQUET_DATASETS,
+    chain_statuses,
+    example_chain,
+    expected_alerts,
+    read_partition,
+    reference_partition,
+    small_dag,
+    stored_alerts,
+)
 
-__all__ = ["SCENARIO", "LiteRun", "chain_dag", "staging_left"]
+__all__ = ["SCENARIO", "LiteRun", "staging_left"]
 
 ROOT = Path(__file__).resolve().parent.parent
-EXAMPLE = ROOT / "examples" / "chain_pipeline.yaml"
 _PROGRESS = re.compile(r"^\[\s*([\d.]+)s\] tasks: (.*) \| blocks ([\d,]+)/([\d,]+)")
-
-
-def chain_dag(blocks: int, partition_size: int) -> str:
-    """The example DAG over blocks ``0..blocks-1`` in ranges of ``partition_size``."""
-    doc = yaml.safe_load(EXAMPLE.read_text())
-    for job in doc["jobs"]:
-        if job["name"] == "follow":
-            job["config"]["partition_size"] = partition_size
-            for output in job["outputs"]:
-                output["range"] = {"start": 0, "end": blocks - 1}
-    return str(yaml.safe_dump(doc, sort_keys=False))
 
 
 class LiteRun:
@@ -193,17 +184,6 @@ def staging_left(data_dir: Path) -> list[Path]:
 # --- the scenario ------------------------------------------------------------------
 
 
-def _statuses(database_url: str) -> list[DatasetStatus]:
-    async def read() -> list[DatasetStatus]:
-        repo = SqlRepository(database_url)
-        try:
-            return await dataset_statuses(repo, "chain")
-        finally:
-            await repo.close()
-
-    return anyio.run(read)
-
-
 async def _source_attempt(repo: SqlRepository) -> tuple[int, str]:
     """The always-on source run's attempt and status (``(0, "")`` before it exists)."""
     async with repo.read() as tx:
@@ -244,62 +224,26 @@ def wait_source_reclaimed(database_url: str, attempt: int, timeout: float) -> fl
     return anyio.run(poll)
 
 
-def _job(doc: Any, name: str) -> dict[str, Any]:
-    return dict(next(j for j in doc["jobs"] if j["name"] == name))
-
-
 def _lost(
-    data_dir: Path, statuses: Sequence[DatasetStatus], blocks: int, size: int, dag: str
+    data_dir: Path, statuses: Sequence[DatasetStatus], blocks: int, size: int
 ) -> dict[str, int]:
     """What the run is missing against the pyarrow reference (0 everywhere: nothing lost)."""
-    doc = yaml.safe_load(dag)
-    follow = _job(doc, "follow")["config"]
-    chain = SyntheticChain(
-        seed=follow["seed"],
-        chain_id=follow["chain_id"],
-        mean_txs_per_block=follow["mean_txs_per_block"],
-    )
-    aggregate_where = _job(doc, "aggregate")["inputs"][1]["where"]
+    chain = example_chain()
     current = {s.name: s for s in statuses if s.dag_version_status == "current"}
     not_current = len({s.name for s in statuses} - set(current))
-    schemas = {
-        "blocks": (BLOCK_SCHEMA, chain.blocks),
-        "transactions": (TRANSACTION_SCHEMA, chain.transactions),
-        "range_aggregates": (
-            AGGREGATE_SCHEMA,
-            lambda a, b: reference_aggregates(chain, a, b, transactions_where=aggregate_where),
-        ),
-    }
+    ranges = partition_ranges(0, blocks - 1, size)
     partitions = 0
-    for name, (schema, expected) in schemas.items():
+    for name in PARQUET_DATASETS:
         status = current.get(name)
-        for start, end in partition_ranges(0, blocks - 1, size):
-            if status is None:
+        for start, end in ranges:
+            got = None if status is None else read_partition(data_dir, status, start, end)
+            if got is None or not got.equals(reference_partition(chain, name, start, end)):
                 partitions += 1
-                continue
-            bucket, _, prefix = status.location.removeprefix("s3://").partition("/")
-            path = data_dir / "objects" / bucket / prefix / cryo_file_name(name, start, end)
-            if not path.is_file() or not conform(pq.read_table(path), schema).equals(
-                expected(start, end)
-            ):
-                partitions += 1
-    alerts_job = _job(doc, "alerts")
-    where = parse_where(alerts_job["inputs"][0]["where"]).to_arrow()
-    rules = alert_rules(alerts_job["config"])
-    wanted = set()
-    for start, end in partition_ranges(0, blocks - 1, size):
-        table = reference_aggregates(chain, start, end, transactions_where=aggregate_where)
-        wanted |= {
-            r["dedupe_key"] for r in alert_records(table.filter(where), rules, f"{start}-{end}")
-        }
+    wanted = {alert[0] for alert in expected_alerts(blocks, size)}
     stored: list[str] = []
     if "alerts" in current:
-        with sqlite3.connect(data_dir / "data.db") as conn:
-            table = table_name_of(current["alerts"].location)
-            exists = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?"
-            # The sink creates the table with its first row: none when no alert fired.
-            if conn.execute(exists, (table,)).fetchone():
-                stored = [row[0] for row in conn.execute(f'SELECT dedupe_key FROM "{table}"')]
+        table = table_name_of(current["alerts"].location)
+        stored = [alert[0] for alert in stored_alerts(data_dir / "data.db", table)]
     alerts = len(wanted - set(stored)) + (len(stored) - len(set(stored)))
     return {"datasets_not_current": not_current, "partitions": partitions, "alerts": alerts}
 
@@ -315,8 +259,7 @@ def _run(engine: Engine, options: Mapping[str, Any]) -> dict[str, Any]:
         with Databases(engine, None) as databases:
             url = databases.fresh("chaoslite")
             dag = work / "chain.yaml"
-            text = chain_dag(blocks, size)
-            dag.write_text(text)
+            dag.write_text(small_dag(blocks, size))
             data_dir = work / "data"
             timeline = Timeline()
             first = LiteRun(dag, data_dir, url, work / "run-1.log")
@@ -349,7 +292,7 @@ def _run(engine: Engine, options: Mapping[str, Any]) -> dict[str, Any]:
             timeline.finished()
             _blocks_to_timeline(timeline, second.progress, done_before)
             takeover = next((line for line in second.lines if "restart after" in line), "")
-            lost = _lost(data_dir, _statuses(url), blocks, size, text)
+            lost = _lost(data_dir, chain_statuses(url), blocks, size)
             return {
                 **timeline.phases(),
                 "lost": sum(lost.values()),

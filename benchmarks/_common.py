@@ -71,6 +71,14 @@ def benchmark_parser(prog: str, doc: str | None) -> argparse.ArgumentParser:
     return p
 
 
+def require_positive(p: argparse.ArgumentParser, args: argparse.Namespace, *names: str) -> None:
+    """Exit with ``p``'s usage error naming the first of the options ``names``
+    (attribute names: ``tasks``, ``per_run``) given below 1."""
+    for name in names:
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1")
+
+
 def configure_logging(verbose: bool, *quiet: str) -> None:
     """Log to stderr (stdout carries the JSON); alembic and ``quiet`` loggers at WARNING."""
     logging.basicConfig(

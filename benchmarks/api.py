@@ -61,6 +61,7 @@ from benchmarks._common import (
     load_average,
     log,
     percentile,
+    require_positive,
     server_cpu_s,
     summarize,
 )
@@ -127,9 +128,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     p.add_argument("-v", "--verbose", action="store_true")
     args = p.parse_args(argv)
-    for name in ("workers", "tasks", "runs"):
-        if getattr(args, name) < 1:
-            p.error(f"--{name} must be >= 1")
+    require_positive(p, args, "workers", "tasks", "runs")
     return args
 
 

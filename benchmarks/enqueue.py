@@ -34,6 +34,7 @@ from benchmarks._common import (
     emit,
     load_average,
     log,
+    require_positive,
     server_cpu_s,
     summarize,
     utcnow,
@@ -58,9 +59,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--profile", metavar="FILE", help="cProfile the timed loop into FILE")
     p.add_argument("-v", "--verbose", action="store_true")
     args = p.parse_args(argv)
-    for name in ("tasks", "batch", "runs"):
-        if getattr(args, name) < 1:
-            p.error(f"--{name} must be >= 1")
+    require_positive(p, args, "tasks", "batch", "runs")
     return args
 
 

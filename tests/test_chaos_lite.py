@@ -3,7 +3,7 @@ started again, and its data directory's disk full.
 
 Each run is a real ``trace-lite run`` process (:class:`benchmarks._chaos_lite.LiteRun`)
 with its own Spark JVM; the outputs are checked against the pyarrow reference
-(:func:`tests.lite_pipeline.check_outputs`) and the alerts table against the
+(:func:`trace_testing.lite_reference.check_outputs`) and the alerts table against the
 reference's alerts, once each.
 """
 
@@ -21,33 +21,25 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any
 
-import anyio
 import pytest
 
 from benchmarks._chaos_lite import LiteRun, staging_left
-from tests.lite_pipeline import check_outputs, expected_alerts, small_dag, stored_alerts
 from trace_core.errors import ConfigurationError
-from trace_core.storage.sql import SqlRepository
 from trace_lite.buffered import table_name_of
 from trace_lite.data_dir_lock import lock_data_directory
-from trace_lite.status import DatasetStatus, dataset_statuses
 from trace_lite.takeover import sweep_staging
 from trace_testing.faults import fill_disk, small_filesystem
+from trace_testing.lite_reference import (
+    chain_statuses,
+    check_outputs,
+    expected_alerts,
+    small_dag,
+    stored_alerts,
+)
 
 BLOCKS, SIZE = 600, 200
 SEED_ENV = "TRACE_CHAOS_SEED"
 """Set it to replay the kill moments of a failed run (the seed is printed)."""
-
-
-def _statuses(database_url: str) -> list[DatasetStatus]:
-    async def read() -> list[DatasetStatus]:
-        repo = SqlRepository(database_url)
-        try:
-            return await dataset_statuses(repo, "chain")
-        finally:
-            await repo.close()
-
-    return anyio.run(read)
 
 
 def test_the_lock_refuses_a_live_holder_naming_it_and_keeps_the_identity(
@@ -114,7 +106,7 @@ def test_sweep_staging_removes_only_staging_directories(tmp_path: Path) -> None:
 def _check_finished(database_url: str, data_dir: Path) -> None:
     """Every dataset current, outputs equal to the reference, alerts once each,
     no staging directory left."""
-    statuses = _statuses(database_url)
+    statuses = chain_statuses(database_url)
     assert statuses and all(s.dag_version_status == "current" for s in statuses), statuses
     check_outputs(data_dir, statuses, BLOCKS, SIZE)
     table = table_name_of(next(s.location for s in statuses if s.name == "alerts"))

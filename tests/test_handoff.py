@@ -12,6 +12,8 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from datetime import timedelta
 from typing import Any
 
@@ -89,6 +91,16 @@ class Consumer:
         return self.got
 
 
+@asynccontextmanager
+async def running(consumer: Consumer) -> AsyncIterator[Consumer]:
+    """``consumer`` run in a task group and waiting in ``claim_wait``; the
+    block's end waits for it to return."""
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(consumer.run)
+        await consumer.waiting()
+        yield consumer
+
+
 async def task_row(repo: SqlRepository, task_id: uuid.UUID) -> dict[str, Any]:
     async with repo.read() as tx:
         row = (
@@ -123,10 +135,7 @@ async def test_handed_off_task_is_exactly_a_claimed_task(
     [ref] = await plain.create([NewTask(job, input_versions={"v": 1}, partitions=["p"])])
     [ref_lease] = await plain.claim_batch("w1", 5, lease_seconds=LEASE)
 
-    consumer = Consumer(tq, "w1")
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(consumer.run)
-        await consumer.waiting()
+    async with running(Consumer(tq, "w1")) as consumer:
         [made] = await tq.create([NewTask(job, input_versions={"v": 1}, partitions=["p"])])
         [lease] = await consumer.done()
 
@@ -176,10 +185,7 @@ async def test_no_consumer_or_cancelled_consumer_leaves_a_normal_task(
     created queued, with its wake-up, and claimable by anyone."""
     job = await make_job(repo, clock.now())
     tq = TaskQueue(repo, clock=clock)
-    consumer = Consumer(tq, "gone")
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(consumer.run)
-        await consumer.waiting()
+    async with running(Consumer(tq, "gone")) as consumer:
         consumer.scope.cancel()
     assert consumer.got is None
     assert repo.hub.waiting(tq.handoff_key) == 0
@@ -199,10 +205,7 @@ async def test_failed_or_rolled_back_enqueue_keeps_the_consumer_waiting(
     enqueue is handed to it."""
     job = await make_job(repo, clock.now())
     tq = TaskQueue(repo, clock=clock)
-    consumer = Consumer(tq, "w1")
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(consumer.run)
-        await consumer.waiting()
+    async with running(Consumer(tq, "w1")) as consumer:
         with pytest.raises(TraceError):  # no such job: the foreign key refuses the insert
             await tq.create([NewTask(uuid.uuid4())])
         await consumer.waiting()
@@ -229,10 +232,7 @@ async def test_an_older_queued_task_is_not_jumped(repo: SqlRepository, clock: Ma
     answered as by a normal create."""
     job = await make_job(repo, clock.now())
     tq = TaskQueue(repo, clock=clock)
-    consumer = Consumer(tq, "w1", only_handoffs=True, limit=1)
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(consumer.run)
-        await consumer.waiting()
+    async with running(Consumer(tq, "w1", only_handoffs=True, limit=1)) as consumer:
         # Queued behind the consumer's back (it only wakes for hand-offs).
         [older] = await TaskQueue(repo, clock=clock, handoff=False).create(
             [NewTask(job, dedupe_key="k")]
@@ -254,10 +254,7 @@ async def test_a_later_bulk_task_does_not_block_the_handoff(
     with a handicap that puts it after the new task does not."""
     job = await make_job(repo, clock.now())
     tq = TaskQueue(repo, clock=clock)
-    consumer = Consumer(tq, "w1", only_handoffs=True)
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(consumer.run)
-        await consumer.waiting()
+    async with running(Consumer(tq, "w1", only_handoffs=True)) as consumer:
         await TaskQueue(repo, clock=clock, handoff=False).create(
             [NewTask(job, handicap_seconds=60)]
         )
@@ -275,10 +272,7 @@ async def test_reaper_reclaims_a_handed_off_task_whose_consumer_died(
     job = await make_job(repo, clock.now())
     policy = RetryPolicy(normal=Backoff(base_seconds=1.0, cap_seconds=1.0, jitter=0.0))
     tq = TaskQueue(repo, clock=clock, config=LeaseConfig(lease_seconds=LEASE), retry=policy)
-    consumer = Consumer(tq, "doomed")
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(consumer.run)
-        await consumer.waiting()
+    async with running(Consumer(tq, "doomed")) as consumer:
         [made] = await tq.create([NewTask(job)])
         [dead] = await consumer.done()
 
@@ -317,9 +311,7 @@ async def test_consumer_cancelled_during_the_commit_leaves_it_to_the_reaper(
         )
         return made
 
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(consumer.run)
-        await consumer.waiting()
+    async with running(consumer):
         monkeypatch.setattr(SqlTransaction, "create_claimed_tasks", commit_then_cancel)
         [made] = await tq.create([NewTask(job)])
         monkeypatch.undo()
@@ -405,10 +397,7 @@ async def test_a_handoff_is_one_commit_in_one_step(
             return await real_fetch(pool, stmt, params)
 
         target, name, counted = DirectPool, "fetch", fetch
-    consumer = Consumer(tq, "w1")
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(consumer.run)
-        await consumer.waiting()
+    async with running(Consumer(tq, "w1")) as consumer:
         monkeypatch.setattr(target, name, counted)
         [made] = await tq.create([NewTask(job)])
         monkeypatch.undo()

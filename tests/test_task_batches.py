@@ -147,8 +147,13 @@ async def test_every_column_of_a_mixed_batch_is_stored(
     ]
 
 
-async def test_a_large_batch_in_a_transaction_rolls_back_whole(
-    repo: SqlRepository, clock: ManualClock
+@pytest.mark.parametrize(
+    ("size", "key"),
+    [(1, "x"), (WAKEUP_CHUNK + 1, None)],
+    ids=["one-keyed-task", "beyond-a-wakeup-chunk"],
+)
+async def test_a_batch_in_a_transaction_rolls_back_whole_with_its_wakeups(
+    repo: SqlRepository, clock: ManualClock, size: int, key: str | None
 ) -> None:
     job = await make_job(repo, clock.now())
     tq = TaskQueue(repo, clock=clock)
@@ -158,8 +163,8 @@ async def test_a_large_batch_in_a_transaction_rolls_back_whole(
 
     with pytest.raises(Boom):
         async with repo.transaction() as tx:
-            made = await tq.create([NewTask(job) for _ in range(WAKEUP_CHUNK + 1)], tx=tx)
-            assert len(made) == WAKEUP_CHUNK + 1
+            made = await tq.create([NewTask(job, dedupe_key=key) for _ in range(size)], tx=tx)
+            assert len(made) == size
             raise Boom
     assert await stored(repo) == {}
     assert await woken(repo) == []

@@ -90,21 +90,6 @@ async def test_concurrent_creators_race_safely(
     assert sorted(woken) == sorted(str(t) for t in results[0])
 
 
-async def test_task_and_wakeup_roll_back_together(repo: SqlRepository, clock: ManualClock) -> None:
-    job = await make_job(repo, clock.now())
-    tq = TaskQueue(repo, clock=clock)
-
-    class Boom(Exception):
-        pass
-
-    with pytest.raises(Boom):
-        async with repo.transaction() as tx:
-            await tq.create([NewTask(job, dedupe_key="x")], tx=tx)
-            raise Boom
-    assert await task_count(repo) == 0
-    assert await outbox_payloads(repo) == []
-
-
 async def test_retry_requeue_writes_a_wakeup(repo: SqlRepository, clock: ManualClock) -> None:
     job = await make_job(repo, clock.now())
     retry = RetryPolicy(normal=Backoff(base_seconds=5, cap_seconds=5, jitter=0))

@@ -310,8 +310,7 @@ async def _follow(
     )
     repo = SqlRepository(database_url)
     try:
-        summary = RunSummary(dag, 0, 0.0)
-        summary.finished, summary.blocks = await follow_run(
+        summary = await follow_run(
             repo,
             dag,
             sources,
@@ -321,7 +320,6 @@ async def _follow(
             refresh_seconds=options.refresh_seconds,
             buffer_pending=buffer_pending,
         )
-        summary.seconds = time.perf_counter() - started
         await fill_summary(repo, summary, rows_of(aws.endpoint, database_url))
         statuses = await dataset_statuses(repo, dag)
     finally:

@@ -341,24 +341,16 @@ class LeaseQueue:
         tasks keep the old fence until the next claim (late replies).
         ``hooks`` word each failure and record it in the same transaction.
         """
-        report = ReclaimReport()
         now = self.clock.now()
         async with self.repo.transaction() as t:
             fences = await t.expired(self.queue, now=now, limit=limit or self.config.max_batch)
-            if not fences:
-                return report
-            reasons = await hooks.reasons(t, fences) if hooks is not None else {}
-            for fence in fences:
-                reason = reasons.get(fence.item_id, f"lease expired (attempt {fence.attempt})")
-                outcome = await self._fail(
-                    fence, reason, RetryClass.RETRYABLE, tx=t, expired_before=now
-                )
-                if outcome is None:
-                    continue
-                (report.retried if outcome.retrying else report.dead_lettered).append(fence.item_id)
-                if hooks is not None:
-                    await hooks.failed(t, fence, outcome, reason)
-        return report
+            return await self._fail_taken_back(
+                t,
+                fences,
+                lambda fence: f"lease expired (attempt {fence.attempt})",
+                expired_before=now,
+                hooks=hooks,
+            )
 
     async def reclaim_held_by(
         self,
@@ -379,7 +371,6 @@ class LeaseQueue:
         one transaction. ``reason`` is the error text of each failure (``hooks``
         may word it per item and record each failure).
         """
-        report = ReclaimReport()
         now = self.clock.now()
         async with self.repo.transaction() as t:
             fences = await t.handover.revoke_leases(
@@ -388,22 +379,40 @@ class LeaseQueue:
                 now=now,
                 limit=limit or self.config.max_batch,
             )
-            if not fences:
-                return report
-            reasons = await hooks.reasons(t, fences) if hooks is not None else {}
             # The revoked leases expired at ``now``; a lease taken since (none can
             # be: the rows stayed leased) would expire later and is left alone.
-            revoked_by = now + _REVOKED_WITHIN
-            for fence in fences:
-                error = reasons.get(fence.item_id, reason)
-                outcome = await self._fail(
-                    fence, error, RetryClass.RETRYABLE, tx=t, expired_before=revoked_by
-                )
-                if outcome is None:
-                    continue
-                (report.retried if outcome.retrying else report.dead_lettered).append(fence.item_id)
-                if hooks is not None:
-                    await hooks.failed(t, fence, outcome, error)
+            return await self._fail_taken_back(
+                t, fences, lambda _: reason, expired_before=now + _REVOKED_WITHIN, hooks=hooks
+            )
+
+    async def _fail_taken_back(
+        self,
+        t: Transaction,
+        fences: Sequence[Fence],
+        reason_of: Callable[[Fence], str],
+        *,
+        expired_before: datetime,
+        hooks: ReclaimHooks | None,
+    ) -> ReclaimReport:
+        """Fail each lease taken back (expired or revoked) in ``t``: retry with
+        backoff or dead-letter. The write is fenced to a lease still expired
+        before ``expired_before`` (a holder that heartbeated meanwhile keeps
+        it); ``hooks`` may word each failure (else ``reason_of``) and record it."""
+        report = ReclaimReport()
+        if not fences:
+            return report
+        reasons = await hooks.reasons(t, fences) if hooks is not None else {}
+        for fence in fences:
+            found = reasons.get(fence.item_id)
+            reason = reason_of(fence) if found is None else found
+            outcome = await self._fail(
+                fence, reason, RetryClass.RETRYABLE, tx=t, expired_before=expired_before
+            )
+            if outcome is None:
+                continue
+            (report.retried if outcome.retrying else report.dead_lettered).append(fence.item_id)
+            if hooks is not None:
+                await hooks.failed(t, fence, outcome, reason)
         return report
 
     async def requeue_due(

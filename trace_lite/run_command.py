@@ -194,14 +194,13 @@ async def run_pipeline(
         if lite.takeover is not None and lite.takeover.any:
             say(f"  {lite.takeover.describe()}")
         sources = frozenset(job.name for job in document.spec.jobs if job.activation == "source")
-        summary = RunSummary(dag, 0, 0.0)
         data_dir, floor = options.config.data_dir, options.config.min_free_bytes
 
         async def disk_space() -> None:
             await anyio.to_thread.run_sync(check_free_space, data_dir, floor)
 
         try:
-            summary.finished, summary.blocks = await follow_run(
+            summary = await follow_run(
                 lite.repo,
                 dag,
                 sources,
@@ -215,7 +214,6 @@ async def run_pipeline(
         except DataDirectoryFull:
             await lite.abort()  # a drain would only write, and fail
             raise
-        summary.seconds = time.perf_counter() - started
         objects = lite.config.data_dir / "objects"
 
         async def rows(status: DatasetStatus) -> int:
@@ -240,9 +238,10 @@ async def follow_run(
     refresh_seconds: float,
     buffer_pending: Callable[[], Awaitable[int]],
     check: Callable[[], Awaitable[None]] | None = None,
-) -> tuple[bool, int]:
+) -> RunSummary:
     """Print a progress line whenever it changes until the run is finished
-    (or ``timeout_seconds``); ``(finished, blocks done)``.
+    (or ``timeout_seconds``); the run's summary so far (finished or not,
+    blocks done, seconds since ``started``: no datasets or tasks yet).
 
     Finished: every block-range dataset covers the whole range, every
     dataset's DAG version is current, no task but the ``sources`` is open,
@@ -253,6 +252,10 @@ async def follow_run(
     profile's run.
     """
     done, last_line = 0, ""
+
+    def summary(finished: bool) -> RunSummary:
+        return RunSummary(dag, done, time.perf_counter() - started, finished=finished)
+
     with anyio.move_on_after(timeout_seconds):
         while True:
             statuses = await dataset_statuses(repo, dag)
@@ -273,11 +276,11 @@ async def follow_run(
                 and await _pending_outbox(repo) == 0
                 and await buffer_pending() == 0
             ):
-                return True, done
+                return summary(True)
             if check is not None:
                 await check()
             await anyio.sleep(refresh_seconds)
-    return False, done
+    return summary(False)
 
 
 async def fill_summary(

@@ -22,7 +22,9 @@ database keep the ownership protocol's guarantees (docs/testing.md).
   :mod:`trace_testing.probe`: the stale holder of the pause scenario;
 - :mod:`trace_testing.postgres`: the run's Postgres server and its pool of
   migrated databases; :mod:`trace_testing.dispatcher`,
-  :mod:`trace_testing.lite`: a Dispatcher run until idle, the lite platform.
+  :mod:`trace_testing.lite`: a Dispatcher run until idle, the lite platform;
+- :mod:`trace_testing.lite_reference`: the example chain pipeline scaled
+  down and the pyarrow reference its outputs and alerts are checked against.
 
 Nothing in ``trace_core``, ``trace_lite`` or ``trace_aws`` imports this
 package (the layer contract in ``pyproject.toml``).

@@ -1,7 +1,9 @@
-"""What the peers' drain scripts share: /proc CPU accounting and the summary line.
+"""What the peers' scripts share: /proc CPU accounting, the run loop, the summary
+line, and (for the PgQueuer scripts) dropping a run's database.
 
 Imported by the scripts as a sibling module (they run as files in the peers'
-virtualenv, without Trace installed), so it needs the standard library only.
+virtualenv, without Trace installed), so it needs the standard library only
+(asyncpg is imported where it is used: the Huey script does not need it).
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,3 +50,23 @@ def print_summary(peer: str, rows: Sequence[dict[str, Any]], **fields: Any) -> N
     summary["jobs_per_s_all"] = [r["jobs_per_s"] for r in rows]
     summary["all_verified"] = all(r["verified"] for r in rows)
     print(json.dumps(summary), flush=True)
+
+
+def print_runs(runs: int, run_once: Callable[[int], dict[str, Any]]) -> list[dict[str, Any]]:
+    """Run ``run_once(0..runs-1)``, printing each row as a JSON line as it comes;
+    the rows."""
+    rows = []
+    for run in range(runs):
+        row = run_once(run)
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    return rows
+
+
+async def drop_database(server: str, name: str) -> None:
+    """Drop a run's database on the Postgres ``server`` (connected to with asyncpg)."""
+    import asyncpg
+
+    admin = await asyncpg.connect(server)
+    await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    await admin.close()

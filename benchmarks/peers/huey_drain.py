@@ -16,14 +16,13 @@ increments) reaches N. ``--sync normal`` opens huey's connections with
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing as mp
 import os
 import shutil
 import tempfile
 import time
 
-from _peer_common import family_cpu_s, machine_busy_s, print_summary
+from _peer_common import family_cpu_s, machine_busy_s, print_runs, print_summary
 from huey import SqliteHuey
 from huey.storage import SqliteStorage
 
@@ -122,12 +121,8 @@ def main() -> None:
     p.add_argument("--runs", type=int, default=3)
     args = p.parse_args()
     tmp = tempfile.mkdtemp(prefix="huey-bench-")
-    rows = []
     try:
-        for run in range(args.runs):
-            row = run_once(args, run, tmp)
-            print(json.dumps(row), flush=True)
-            rows.append(row)
+        rows = print_runs(args.runs, lambda run: run_once(args, run, tmp))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print_summary(

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import multiprocessing as mp
 import os
 import sys
@@ -24,7 +23,14 @@ import time
 import uuid
 
 import asyncpg
-from _peer_common import family_cpu_s, machine_busy_s, print_summary, proc_stat
+from _peer_common import (
+    drop_database,
+    family_cpu_s,
+    machine_busy_s,
+    print_runs,
+    print_summary,
+    proc_stat,
+)
 
 
 def _dsn(server: str, db: str) -> str:
@@ -97,12 +103,6 @@ async def _verify(dsn: str) -> tuple[int, int]:
     return int(left), int(logged)
 
 
-async def _drop(server: str, name: str) -> None:
-    admin = await asyncpg.connect(server)
-    await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    await admin.close()
-
-
 def _postmaster(server: str) -> int:
     async def q() -> int:
         c = await asyncpg.connect(server)
@@ -146,7 +146,7 @@ def run_once(args: argparse.Namespace, run: int) -> dict:
     seconds = max(o["finished"] for o in outs) - started
     last_job_s = max(o["last_job"] for o in outs) - started
     left, logged = asyncio.run(_verify(dsn))
-    asyncio.run(_drop(args.db, name))
+    asyncio.run(drop_database(args.db, name))
     done = sum(o["done"] for o in outs)
     wcpu = sum(o["cpu_s"] for o in outs)
     cores = os.cpu_count() or 1
@@ -179,11 +179,7 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=None, help="default: PgQueuer's own (10)")
     p.add_argument("--runs", type=int, default=3)
     args = p.parse_args()
-    rows = []
-    for run in range(args.runs):
-        row = run_once(args, run)
-        print(json.dumps(row), flush=True)
-        rows.append(row)
+    rows = print_runs(args.runs, lambda run: run_once(args, run))
     print_summary("pgqueuer", rows, workers=args.workers, jobs=args.jobs)
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import statistics
 import sys
@@ -26,7 +25,7 @@ import time
 import uuid
 
 import asyncpg
-from _peer_common import family_cpu_s, print_summary, proc_stat
+from _peer_common import drop_database, family_cpu_s, print_runs, print_summary, proc_stat
 
 
 def _dsn(server: str, db: str) -> str:
@@ -67,18 +66,12 @@ async def _run(server: str, name: str, jobs: int, batch: int) -> dict:
     }
 
 
-async def _drop(server: str, name: str) -> None:
-    admin = await asyncpg.connect(server)
-    await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    await admin.close()
-
-
 def run_once(args: argparse.Namespace, run: int) -> dict:
     name = f"pgq_enq_{uuid.uuid4().hex[:8]}"
     try:
         got = asyncio.run(_run(args.db, name, args.jobs, args.batch))
     finally:
-        asyncio.run(_drop(args.db, name))
+        asyncio.run(drop_database(args.db, name))
     return {
         "peer": "pgqueuer",
         "version": __import__("pgqueuer").__version__,
@@ -101,11 +94,7 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=1000)
     p.add_argument("--runs", type=int, default=3)
     args = p.parse_args()
-    rows = []
-    for run in range(args.runs):
-        row = run_once(args, run)
-        print(json.dumps(row), flush=True)
-        rows.append(row)
+    rows = print_runs(args.runs, lambda run: run_once(args, run))
     print_summary(
         "pgqueuer",
         rows,
