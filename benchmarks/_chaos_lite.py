@@ -204,20 +204,25 @@ def source_attempt(database_url: str) -> int:
     return anyio.run(read)
 
 
-def wait_source_reclaimed(database_url: str, attempt: int, timeout: float) -> float:
+def wait_source_reclaimed(
+    database_url: str, attempt: int, timeout: float, running: Callable[[], bool]
+) -> float | None:
     """Block until the source's run is ``Running`` in an attempt after
     ``attempt`` (the restart claimed it again); the monotonic time it was seen.
-    Polled every 0.1 s: the precision of ``source_resume_s``."""
+    ``None`` if the restart exits first: the killed run had finished every
+    task, so the restart had nothing to claim. Polled every 0.1 s: the
+    precision of ``source_resume_s``."""
 
-    async def poll() -> float:
+    async def poll() -> float | None:
         repo = SqlRepository(database_url)
         try:
             with anyio.fail_after(timeout):
-                while True:
+                while running():
                     now, status = await _source_attempt(repo)
                     if now > attempt and status == "Running":
                         return time.monotonic()
                     await anyio.sleep(0.1)
+                return None
         finally:
             await repo.close()
 
@@ -269,8 +274,10 @@ def _run(engine: Engine, options: Mapping[str, Any]) -> dict[str, Any]:
                 lambda r: r.blocks_done() > 0 and r.running() >= 2,
                 600,
             )
-            delay = rng.uniform(0.0, 5.0)
-            time.sleep(delay)  # the fault's random moment, not a wait for state
+            # The fault's random moment, not a wait for state; the window shrinks
+            # with the workload so that a small run is still killed mid-work.
+            delay = rng.uniform(0.0, 5.0 * min(scale, 1.0))
+            time.sleep(delay)
             done_before = first.blocks_done()
             _blocks_to_timeline(timeline, first.progress, 0)
             timeline.fault_started()
@@ -279,7 +286,9 @@ def _run(engine: Engine, options: Mapping[str, Any]) -> dict[str, Any]:
             second = LiteRun(dag, data_dir, url, work / "run-2.log")
             spawned = time.monotonic()
             timeline.fault_ended()
-            source_back = wait_source_reclaimed(url, attempt, 600)
+            source_back = wait_source_reclaimed(
+                url, attempt, 600, lambda: second.proc.poll() is None
+            )
             second.wait_for("the restart's first progress line", lambda r: bool(r.progress), 600)
             at_start = second.completed()
             second.wait_for(
@@ -298,7 +307,7 @@ def _run(engine: Engine, options: Mapping[str, Any]) -> dict[str, Any]:
                 "lost": sum(lost.values()),
                 "lost_detail": lost,
                 "resume_s": round(resumed - spawned, 3),
-                "source_resume_s": round(source_back - spawned, 3),
+                "source_resume_s": None if source_back is None else round(source_back - spawned, 3),
                 "finished": code == 0,
                 "blocks": blocks,
                 "seed": seed,
