@@ -20,7 +20,7 @@ from trace_core.dispatcher.runtimes import DEFAULT_RUNTIMES, Runtime, RuntimeKin
 from trace_core.dispatcher.service import Dispatcher
 from trace_core.errors import InvalidInput
 from trace_core.storage.sql import SqlRepository
-from trace_core.wakeup import WakeupHub
+from trace_core.wakeup import Offer, WakeupHub
 
 pytestmark = pytest.mark.anyio
 
@@ -196,9 +196,16 @@ class _ObservedHub(WakeupHub):
         super().__init__()
         self.waiting = anyio.Event()
 
-    async def wait(self, channel: str, max_wait: float, *, after: int | None = None) -> bool:
+    async def wait(
+        self,
+        channel: str,
+        max_wait: float,
+        *,
+        after: int | None = None,
+        offer: Offer[Any] | None = None,
+    ) -> bool:
         self.waiting.set()
-        return await super().wait(channel, max_wait, after=after)
+        return await super().wait(channel, max_wait, after=after, offer=offer)
 
 
 async def test_the_long_poll_returns_as_soon_as_a_task_is_created(

@@ -85,7 +85,9 @@ def _foreign(text: str, b: dict[str, object]) -> list[str]:
     ids = {str(i) for key in ("versions", "tasks") for i in b[key]}  # type: ignore[attr-defined]
     ids |= {str(i) for key in ("datasets", "jobs") for i in b[key].values()}  # type: ignore[attr-defined]
     found += [i for i in _UUID.findall(text) if i in ids]
-    found += [i for i in ids if i[:8] in text]  # `status` shows versions by their first 8
+    # `status` shows versions by their first 8 hex digits. Only versions: task
+    # ids are time-ordered (UUIDv7), so tasks made in the same second share them.
+    found += [v for v in map(str, b["versions"]) if v[:8] in text]  # type: ignore[attr-defined]
     return found
 
 
