@@ -157,7 +157,19 @@ def test_two_crash_restarts_during_a_drain_lose_nothing_and_every_loop_recovers(
     report = tmp_path / "kit-workers.log"
     fleet = WorkerFleet(run_worker_through_outages, STAT_NAMES)
     for i in range(2):
-        fleet.start(WorkerConfig(kit_url, f"kit-{i}", str(report), seed=i, long_hold_probability=0))
+        # Effects of up to 50 ms pace the drain (about 3 s on an idle machine):
+        # at the default 4 ms a quiet machine finished it between reaching a
+        # third and the crash.
+        fleet.start(
+            WorkerConfig(
+                kit_url,
+                f"kit-{i}",
+                str(report),
+                seed=i,
+                long_hold_probability=0,
+                max_effect_seconds=0.05,
+            )
+        )
     ticks: list[uuid.UUID] = []
     recoveries: list[dict[str, float]] = []
     try:
