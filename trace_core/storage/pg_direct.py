@@ -20,8 +20,7 @@ from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import anyio
@@ -29,68 +28,15 @@ import psycopg
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Dialect
-from sqlalchemy.sql.compiler import SQLCompiler
 
 from trace_core.errors import ConfigurationError
+from trace_core.storage.precompiled import Compiled, compile_statement
 from trace_core.storage.url import DatabaseURL
 
 __all__ = ["DirectPool"]
 
-Processor = Callable[[Any], Any]
-
 _MAX_STATEMENTS = 256
 """Compiled statements kept; the cached builders make a few dozen."""
-
-
-@dataclass(frozen=True)
-class _Compiled:
-    """One statement as the driver runs it."""
-
-    sql: str
-    literals: Mapping[str, Any]
-    """Values SQLAlchemy bound inside the statement (``attempt + 1`` …)."""
-    binds: Mapping[str, Processor]
-    """Bind processors of the caller's parameters (naive datetimes refused …)."""
-    results: tuple[Processor | None, ...] | None
-    """Result processors by column; ``None`` when no column has one."""
-
-    def parameters(self, params: Mapping[str, Any]) -> dict[str, Any]:
-        out = dict(self.literals)
-        for name, value in params.items():
-            processor = self.binds.get(name)
-            out[name] = value if processor is None else processor(value)
-        return out
-
-    def rows(self, raw: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
-        procs = self.results
-        if procs is None:
-            return raw
-        return [
-            tuple(v if p is None else p(v) for p, v in zip(procs, row, strict=True)) for row in raw
-        ]
-
-
-def _compile(stmt: sa.Executable, dialect: Dialect) -> _Compiled:
-    compiled = stmt.compile(dialect=dialect) if isinstance(stmt, sa.ClauseElement) else None
-    if not isinstance(compiled, SQLCompiler):
-        raise ConfigurationError(f"not a SQL statement: {type(stmt).__name__}")
-    literals: dict[str, Any] = {}
-    binds: dict[str, Processor] = {}
-    for bind, name in compiled.bind_names.items():
-        if bind.expanding:
-            # An expanding IN is rendered per call; such a statement is not fixed text.
-            raise ConfigurationError(f"statement has an expanding parameter {name!r}")
-        if not bind.required:
-            literals[name] = bind.effective_value
-        processor = bind.type.dialect_impl(dialect).bind_processor(dialect)
-        if processor is not None:
-            if name in literals:
-                literals[name] = processor(literals[name])
-            else:
-                binds[name] = processor
-    columns = getattr(stmt, "exported_columns", ())
-    results = tuple(c.type.dialect_impl(dialect).result_processor(dialect, None) for c in columns)
-    return _Compiled(compiled.string, literals, binds, results if any(results) else None)
 
 
 class DirectPool:
@@ -110,8 +56,8 @@ class DirectPool:
         self._closed = False
         self._compiled = functools.lru_cache(maxsize=_MAX_STATEMENTS)(self._compile)
 
-    def _compile(self, stmt: sa.Executable) -> _Compiled:
-        return _compile(stmt, self._dialect)
+    def _compile(self, stmt: sa.Executable) -> Compiled:
+        return compile_statement(stmt, self._dialect)
 
     async def fetch(
         self, stmt: sa.Executable, params: Mapping[str, Any]

@@ -161,7 +161,7 @@ class SqlTransaction:
         ``last`` (nothing follows in the scope) the commit goes in it too."""
         if self._sqlite is not None:
             if last:
-                return (await self._sqlite.execute_then_commit(stmt, params, then)).all()
+                return await self._sqlite.execute_then_commit(stmt, params, then)
             return (await self._sqlite.execute_then(stmt, params, then)).all()
         rows: Sequence[Any] = (await self._execute(stmt, params)).all()
         follow = then(rows)

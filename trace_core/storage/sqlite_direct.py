@@ -17,7 +17,10 @@ runs on an anyio worker thread, in one hop each:
 A claim or a completion of tasks is two hops: the attempt records (which
 Postgres writes in the claim's own statement) are a second statement sent in
 the claim's or the completion's hop (:meth:`DirectScope.execute_then`); a
-one-task enqueue with its wake-up row is three.
+one-task enqueue with its wake-up row is three. The one-commit hand-off is
+one hop on the raw ``sqlite3`` connection (:meth:`DirectScope.execute_then_commit`):
+``BEGIN IMMEDIATE``, its statements compiled once
+(:mod:`~trace_core.storage.precompiled`), ``COMMIT``.
 Statements run through the sync :meth:`sqlalchemy.engine.Connection.execute`,
 so ad hoc statements, executemany and ``RETURNING`` behave, and fail, exactly
 as through the async path: the same compiled SQL, bind and result processors,
@@ -27,8 +30,11 @@ and SQLAlchemy's own error wrapping for
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import sqlite3
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import anyio
@@ -38,13 +44,21 @@ from sqlalchemy import exc as sa_exc
 
 from trace_core.errors import ConfigurationError
 from trace_core.storage.engine import EngineSettings, create_sqlite_sync_engine
+from trace_core.storage.precompiled import Compiled, compile_statement
 from trace_core.storage.url import DatabaseURL
 
 __all__ = ["BufferedResult", "DirectScope", "FollowUp", "SqliteDirect"]
 
-FollowUp = Callable[[Sequence[sa.Row[Any]]], tuple[sa.Executable, Any] | None]
+FollowUp = Callable[[Sequence[Any]], tuple[sa.Executable, Any] | None]
 """Builds, from a statement's fetched rows, the statement (and its parameters)
 to send right after it in the same step, or ``None`` for none."""
+
+Compiler = Callable[[sa.Executable, tuple[str, ...] | None], Compiled]
+"""A statement (and, for an INSERT without values, its parameters' column
+names) compiled once for the raw driver."""
+
+_MAX_STATEMENTS = 64
+"""Statements kept compiled for the raw driver (the hand-off uses two)."""
 
 
 class BufferedResult:
@@ -130,9 +144,12 @@ class DirectScope:
     for the step to end (the thread is not abandoned).
     """
 
-    def __init__(self, engine: sa.Engine, limiter: anyio.CapacityLimiter) -> None:
+    def __init__(
+        self, engine: sa.Engine, limiter: anyio.CapacityLimiter, compiled: Compiler
+    ) -> None:
         self._engine = engine
         self._limiter = limiter
+        self._compiled = compiled
         self._conn: sa.Connection | None = None
         """Set on the worker thread as soon as it is checked out, so that
         :meth:`finish` releases it even if the step that opened it failed or
@@ -188,12 +205,19 @@ class DirectScope:
             return first
 
     async def execute_then_commit(
-        self, stmt: sa.Executable, params: Any, then: FollowUp
-    ) -> BufferedResult:
+        self, stmt: sa.Executable, params: Mapping[str, Any], then: FollowUp
+    ) -> list[tuple[Any, ...]]:
         """:meth:`execute_then`, then the commit and the return of the
         connection, all in ONE hop (the scope's last step: :meth:`finish`
-        has nothing left to do). For a scope of one statement, such as the
-        one-commit hand-off, whose floor is a single commit."""
+        has nothing left to do); ``stmt``'s rows, processed.
+
+        For a scope of one statement whose floor is a single commit (the
+        one-commit hand-off): both statements run on the raw ``sqlite3``
+        connection, compiled once (:mod:`~trace_core.storage.precompiled`,
+        same SQL and processors as through SQLAlchemy), so they must be
+        built once and reused. ``then``'s parameters are a mapping or a
+        list of them (executemany). Driver errors come out raw (``sqlite3``'s);
+        :func:`~trace_core.storage.sql_errors.translate_errors` takes them."""
         self._started = True
         with anyio.CancelScope(shield=True):
             done = await anyio.to_thread.run_sync(
@@ -202,15 +226,41 @@ class DirectScope:
         return done
 
     def _execute_then_commit(
-        self, stmt: sa.Executable, params: Any, then: FollowUp
-    ) -> BufferedResult:
+        self, stmt: sa.Executable, params: Mapping[str, Any], then: FollowUp
+    ) -> list[tuple[Any, ...]]:
         with self._lock:
-            first = self._statement(stmt, params)
-            follow = then(first.all())
-            if follow is not None:
-                self._statement(*follow)
-            self._end(commit=True)
-            return first
+            if self._conn is not None or self._finished:
+                # Raw and SQLAlchemy steps do not share one transaction.
+                raise ConfigurationError("execute_then_commit must be the scope's only step")
+            self._finished = True
+            first = self._compiled(stmt, None)
+            bound = first.parameters(params)
+            pooled = self._engine.raw_connection()  # the connect hook's PRAGMAs applied
+            try:
+                db = pooled.driver_connection
+                assert isinstance(db, sqlite3.Connection)
+                db.execute("BEGIN IMMEDIATE")
+                try:
+                    rows = first.rows(db.execute(first.sql, bound).fetchall())
+                    follow = then(rows)
+                    if follow is not None:
+                        stmt2, params2 = follow
+                        sets: list[Mapping[str, Any]] = (
+                            params2 if isinstance(params2, list) else [params2]
+                        )
+                        second = self._compiled(stmt2, tuple(sets[0]))
+                        db.executemany(second.sql, [second.parameters(p) for p in sets])
+                    db.execute("COMMIT")
+                except BaseException:
+                    # A failed COMMIT may have ended the transaction already;
+                    # should ROLLBACK fail too, the pool's reset rolls back.
+                    if db.in_transaction:
+                        with contextlib.suppress(sqlite3.Error):
+                            db.execute("ROLLBACK")
+                    raise
+            finally:
+                pooled.close()  # back to the pool
+            return rows
 
     async def finish(self, *, commit: bool) -> None:
         """Commit (or roll back) and return the connection to the pool, in one
@@ -250,12 +300,19 @@ class SqliteDirect:
         # heartbeat could wait for a token while holding the write lock.
         self._limiter = anyio.CapacityLimiter(settings.pool_size + settings.max_overflow)
         self._closed = False
+        # The raw driver's statements: SQLAlchemy's SQLite dialect with named
+        # parameters (sqlite3 takes ``:name`` from a mapping), same processors.
+        self._dialect = type(self._engine.dialect)(paramstyle="named")
+        self._compiled: Compiler = functools.lru_cache(maxsize=_MAX_STATEMENTS)(self._compile)
+
+    def _compile(self, stmt: sa.Executable, column_keys: tuple[str, ...] | None) -> Compiled:
+        return compile_statement(stmt, self._dialect, column_keys)
 
     def scope(self) -> DirectScope:
         """A new transaction scope; refused once :meth:`close` was called."""
         if self._closed:
             raise ConfigurationError("the repository is closed")
-        return DirectScope(self._engine, self._limiter)
+        return DirectScope(self._engine, self._limiter, self._compiled)
 
     @property
     def checked_out(self) -> int:
