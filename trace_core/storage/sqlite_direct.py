@@ -41,13 +41,15 @@ import anyio
 import anyio.to_thread
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
+from sqlalchemy.dialects.sqlite.pysqlite import SQLiteDialect_pysqlite
+from sqlalchemy.engine import Dialect
 
 from trace_core.errors import ConfigurationError
 from trace_core.storage.engine import EngineSettings, create_sqlite_sync_engine
 from trace_core.storage.precompiled import Compiled, compile_statement
 from trace_core.storage.url import DatabaseURL
 
-__all__ = ["BufferedResult", "DirectScope", "FollowUp", "SqliteDirect"]
+__all__ = ["BufferedResult", "DirectScope", "FollowUp", "RawWriter", "SqliteDirect"]
 
 FollowUp = Callable[[Sequence[Any]], tuple[sa.Executable, Any] | None]
 """Builds, from a statement's fetched rows, the statement (and its parameters)
@@ -144,12 +146,10 @@ class DirectScope:
     for the step to end (the thread is not abandoned).
     """
 
-    def __init__(
-        self, engine: sa.Engine, limiter: anyio.CapacityLimiter, compiled: Compiler
-    ) -> None:
+    def __init__(self, engine: sa.Engine, limiter: anyio.CapacityLimiter, raw: RawWriter) -> None:
         self._engine = engine
         self._limiter = limiter
-        self._compiled = compiled
+        self._raw = raw
         self._conn: sa.Connection | None = None
         """Set on the worker thread as soon as it is checked out, so that
         :meth:`finish` releases it even if the step that opened it failed or
@@ -233,34 +233,7 @@ class DirectScope:
                 # Raw and SQLAlchemy steps do not share one transaction.
                 raise ConfigurationError("execute_then_commit must be the scope's only step")
             self._finished = True
-            first = self._compiled(stmt, None)
-            bound = first.parameters(params)
-            pooled = self._engine.raw_connection()  # the connect hook's PRAGMAs applied
-            try:
-                db = pooled.driver_connection
-                assert isinstance(db, sqlite3.Connection)
-                db.execute("BEGIN IMMEDIATE")
-                try:
-                    rows = first.rows(db.execute(first.sql, bound).fetchall())
-                    follow = then(rows)
-                    if follow is not None:
-                        stmt2, params2 = follow
-                        sets: list[Mapping[str, Any]] = (
-                            params2 if isinstance(params2, list) else [params2]
-                        )
-                        second = self._compiled(stmt2, tuple(sets[0]))
-                        db.executemany(second.sql, [second.parameters(p) for p in sets])
-                    db.execute("COMMIT")
-                except BaseException:
-                    # A failed COMMIT may have ended the transaction already;
-                    # should ROLLBACK fail too, the pool's reset rolls back.
-                    if db.in_transaction:
-                        with contextlib.suppress(sqlite3.Error):
-                            db.execute("ROLLBACK")
-                    raise
-            finally:
-                pooled.close()  # back to the pool
-            return rows
+            return self._raw.run(stmt, params, then)
 
     async def finish(self, *, commit: bool) -> None:
         """Commit (or roll back) and return the connection to the pool, in one
@@ -290,6 +263,91 @@ class DirectScope:
             conn.close()
 
 
+class RawWriter:
+    """One-hop write transactions on a raw ``sqlite3`` connection kept open
+    (the one-commit hand-off: :meth:`DirectScope.execute_then_commit`).
+
+    Its statements are compiled once with SQLAlchemy's SQLite dialect and
+    named parameters (:mod:`~trace_core.storage.precompiled`): the same SQL,
+    bind and result processors as through SQLAlchemy. The connection comes
+    from the sync engine (its PRAGMAs) and is kept out of its pool: checking
+    it out and resetting it on return was a quarter of the hop's work. One
+    that failed is closed, never reused. Methods run on worker threads.
+    """
+
+    def __init__(self, engine: sa.Engine) -> None:
+        self._engine = engine
+        # SQLAlchemy's dialect for sqlite3 with ``:name`` parameters (sqlite3
+        # takes them from a mapping), else the same as the engine's.
+        self._dialect: Dialect = SQLiteDialect_pysqlite(paramstyle="named")
+        self._compiled: Compiler = functools.lru_cache(maxsize=_MAX_STATEMENTS)(self._compile)
+        self._lock = threading.Lock()
+        """Held for a whole transaction: one at a time on the kept connection."""
+        self._kept: sa.PoolProxiedConnection | None = None
+        self._closed = False
+
+    def _compile(self, stmt: sa.Executable, column_keys: tuple[str, ...] | None) -> Compiled:
+        return compile_statement(stmt, self._dialect, column_keys)
+
+    def run(
+        self, stmt: sa.Executable, params: Mapping[str, Any], then: FollowUp
+    ) -> list[tuple[Any, ...]]:
+        """``BEGIN IMMEDIATE``, ``stmt`` (its rows fetched and processed), the
+        statement ``then`` builds from them (a mapping of parameters, or a
+        list of them for an executemany), ``COMMIT``; ``stmt``'s rows.
+        Driver errors come out raw (``sqlite3``'s), after a rollback."""
+        first = self._compiled(stmt, None)
+        bound = first.parameters(params)
+        with self._lock:
+            if self._closed:
+                raise ConfigurationError("the repository is closed")
+            kept = self._kept
+            if kept is None:
+                kept = self._engine.raw_connection()  # the connect hook's PRAGMAs
+                kept.detach()  # ours until close(): not the pool's to reset or count
+                self._kept = kept
+            done = False
+            try:
+                rows = self._transaction(kept.dbapi_connection, first, bound, then)
+                done = True
+            finally:
+                if not done:
+                    self._kept = None
+                    with contextlib.suppress(sqlite3.Error):
+                        kept.close()
+            return rows
+
+    def _transaction(
+        self, db: Any, first: Compiled, bound: Mapping[str, Any], then: FollowUp
+    ) -> list[tuple[Any, ...]]:
+        assert isinstance(db, sqlite3.Connection)
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            rows = first.rows(db.execute(first.sql, bound).fetchall())
+            follow = then(rows)
+            if follow is not None:
+                stmt2, params2 = follow
+                sets: list[Mapping[str, Any]] = params2 if isinstance(params2, list) else [params2]
+                second = self._compiled(stmt2, tuple(sets[0]))
+                db.executemany(second.sql, [second.parameters(p) for p in sets])
+            db.execute("COMMIT")
+        except BaseException:
+            # A failed COMMIT may have ended the transaction already.
+            if db.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    db.execute("ROLLBACK")
+            raise
+        return rows
+
+    def close(self) -> None:
+        """Close the kept connection; transactions after this are refused."""
+        with self._lock:
+            self._closed = True
+            kept, self._kept = self._kept, None
+        if kept is not None:
+            kept.close()
+
+
 class SqliteDirect:
     """The sync engine of one repository's statement scopes (SQLite)."""
 
@@ -300,19 +358,13 @@ class SqliteDirect:
         # heartbeat could wait for a token while holding the write lock.
         self._limiter = anyio.CapacityLimiter(settings.pool_size + settings.max_overflow)
         self._closed = False
-        # The raw driver's statements: SQLAlchemy's SQLite dialect with named
-        # parameters (sqlite3 takes ``:name`` from a mapping), same processors.
-        self._dialect = type(self._engine.dialect)(paramstyle="named")
-        self._compiled: Compiler = functools.lru_cache(maxsize=_MAX_STATEMENTS)(self._compile)
-
-    def _compile(self, stmt: sa.Executable, column_keys: tuple[str, ...] | None) -> Compiled:
-        return compile_statement(stmt, self._dialect, column_keys)
+        self._raw = RawWriter(self._engine)
 
     def scope(self) -> DirectScope:
         """A new transaction scope; refused once :meth:`close` was called."""
         if self._closed:
             raise ConfigurationError("the repository is closed")
-        return DirectScope(self._engine, self._limiter, self._compiled)
+        return DirectScope(self._engine, self._limiter, self._raw)
 
     @property
     def checked_out(self) -> int:
@@ -325,4 +377,10 @@ class SqliteDirect:
         """Close the pooled connections; scopes after this are refused."""
         self._closed = True
         with anyio.CancelScope(shield=True):
-            await anyio.to_thread.run_sync(self._engine.dispose, limiter=self._limiter)
+            await anyio.to_thread.run_sync(self._dispose, limiter=self._limiter)
+
+    def _dispose(self) -> None:
+        try:
+            self._raw.close()
+        finally:
+            self._engine.dispose()
