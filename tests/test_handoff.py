@@ -247,6 +247,35 @@ async def test_an_older_queued_task_is_not_jumped(repo: SqlRepository, clock: Ma
     assert await wakeup_ids(repo) == [str(older.task_id), str(newer.task_id)]
 
 
+async def test_a_dedupe_key_whose_task_runs_is_answered_as_by_a_normal_create(
+    repo: SqlRepository, clock: ManualClock
+) -> None:
+    """A key whose task is not queued (it runs) does not block the hand-off
+    test, but the insert finds the key taken: the create answers the existing
+    task, nothing is written, and the consumer is handed the next new task."""
+    job = await make_job(repo, clock.now())
+    tq = TaskQueue(repo, clock=clock)
+    plain = TaskQueue(repo, clock=clock, handoff=False)
+    [busy] = await plain.create([NewTask(job, dedupe_key="k")])
+    [lease] = await plain.claim_batch("w0", 1)
+    assert lease.item_id == busy.task_id
+    async with running(Consumer(tq, "w1", only_handoffs=True)) as consumer:
+        [again] = await tq.create([NewTask(job, dedupe_key="k")])
+        assert (again.task_id, again.created) == (busy.task_id, False)
+        await consumer.waiting()
+        clock.advance(1)
+        [made] = await tq.create([NewTask(job, dedupe_key="other")])
+        [handed] = await consumer.done()
+    assert handed.item_id == made.task_id and made.created
+    assert await task_count(repo) == 2
+    async with repo.read() as tx:
+        attempts = await tx.attempts.of_tasks([busy.task_id, made.task_id])
+    assert [r.worker_id for r in attempts[busy.task_id]] == ["w0"]
+    assert [(r.worker_id, r.attempt_id) for r in attempts[made.task_id]] == [
+        ("w1", handed.attempt_id)
+    ]
+
+
 async def test_a_later_bulk_task_does_not_block_the_handoff(
     repo: SqlRepository, clock: ManualClock
 ) -> None:
@@ -379,6 +408,8 @@ async def test_a_handoff_is_one_commit_in_one_step(
     job = await make_job(repo, clock.now())
     tq = TaskQueue(repo, clock=clock)
     steps: list[str] = []
+    target: Any  # what is patched: a module on SQLite, a class on Postgres
+    counted: Any
     if repo.engine_name == "sqlite":
         real_hop = anyio.to_thread.run_sync
 

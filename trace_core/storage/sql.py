@@ -352,17 +352,19 @@ class SqlTransaction:
         now: datetime,
         what: str,
         last: bool = False,
+        fresh: bool = False,
     ) -> tuple[Sequence[Any], dict[uuid.UUID, uuid.UUID]]:
         """Run a claiming statement (it returns the claim's columns): the rows,
         and the ids of the attempts opened with a claim of tasks. ``last``: no
-        statement follows in a statement scope (see :meth:`_execute_then`)."""
+        statement follows in a statement scope (see :meth:`_execute_then`);
+        ``fresh``: the statement created the tasks (their attempt rows are new)."""
         # A claimed task starts an execution attempt: its job_attempts row is
         # opened with the claim (see sql_attempts for how, per engine).
         records = queue.name == TASKS.name
         opens_in_claim = records and self.engine_name == "postgres"
         if opens_in_claim:
             assert isinstance(stmt, sa.Update | sa.Insert)
-            stmt = _opening(stmt)
+            stmt = _opening(stmt, fresh)
         attempt_ids: dict[uuid.UUID, uuid.UUID] = {}
         with translate_errors(what):
             if records and not opens_in_claim:
@@ -371,7 +373,9 @@ class SqlTransaction:
                     if not claimed:
                         return None
                     pairs = [(row[0], row[1]) for row in claimed]
-                    stmt, rows, opened = self.attempts.opening(pairs, worker_id=worker_id, now=now)
+                    stmt, rows, opened = self.attempts.opening(
+                        pairs, worker_id=worker_id, now=now, fresh=fresh
+                    )
                     attempt_ids.update(opened)
                     return stmt, rows
 
@@ -427,6 +431,7 @@ class SqlTransaction:
             now=now,
             what="create claimed tasks",
             last=True,
+            fresh=True,
         )
         return self._leases(
             TASKS, rows, worker_id=worker_id, expires_at=expires_at, ids=attempt_ids
@@ -900,11 +905,11 @@ def _completing_many(complete_many: sa.Update) -> sa.Select[Any]:
 
 
 @functools.cache
-def _opening(claim: sa.Update | sa.Insert) -> sa.Select[Any]:
+def _opening(claim: sa.Update | sa.Insert, fresh: bool = False) -> sa.Select[Any]:
     """Postgres: the cached tasks claim opening its attempts (built once per
     cached claim: built per call, it was compiled per call on the direct path
     and pushed the other statements out of its compiled cache)."""
-    return claim_opening_attempts(claim)
+    return claim_opening_attempts(claim, fresh=fresh)
 
 
 @functools.cache

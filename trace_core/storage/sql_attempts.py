@@ -75,11 +75,21 @@ def _opening_upsert(engine_name: str) -> Any:
 
 
 @functools.cache
-def claim_opening_attempts(claim: sa.Update | sa.Insert) -> sa.Select[Any]:
+def _opening_insert(engine_name: str) -> Any:
+    """The plain insert of attempt rows of tasks created in the same
+    transaction (a hand-off's): no row of theirs can exist, so no upsert."""
+    dialect = postgresql if engine_name == "postgres" else sqlite
+    return dialect.insert(schema.job_attempts)
+
+
+@functools.cache
+def claim_opening_attempts(claim: sa.Update | sa.Insert, *, fresh: bool = False) -> sa.Select[Any]:
     """Postgres: ``claim`` (a tasks claim ``UPDATE … RETURNING id, attempt, …``, or
     the insert of a task already claimed: :mod:`~trace_core.storage.sql_handoff`)
     that also opens each claimed attempt's row, in one statement; its rows are
-    the claim's columns followed by the new ``attempt_id``.
+    the claim's columns followed by the new ``attempt_id``. ``fresh``: the
+    claimed tasks are new (inserted by ``claim``), so their rows are inserted
+    plainly instead of upserted (no speculative insertion).
 
     Uses the claim's ``b_worker_id`` and ``now`` parameters.
     """
@@ -96,7 +106,8 @@ def claim_opening_attempts(claim: sa.Update | sa.Insert) -> sa.Select[Any]:
     insert = postgresql.insert(a).from_select(
         ["attempt_id", "task_id", "attempt", "worker_id", "started_at", "status"], opened_rows
     )
-    opened = _upsert(insert).returning(a.c.attempt_id, a.c.task_id).cte("opened")
+    opening = insert if fresh else _upsert(insert)
+    opened = opening.returning(a.c.attempt_id, a.c.task_id).cte("opened")
     return sa.select(*claimed.c, opened.c.attempt_id).select_from(
         claimed.outerjoin(opened, opened.c.task_id == claimed.c.id)
     )
@@ -232,12 +243,18 @@ class SqlAttemptOps(SqlArea):
     # --- for the ownership protocol (not in the port) ------------------------
 
     def opening(
-        self, claimed: Sequence[tuple[uuid.UUID, int]], *, worker_id: str, now: datetime
+        self,
+        claimed: Sequence[tuple[uuid.UUID, int]],
+        *,
+        worker_id: str,
+        now: datetime,
+        fresh: bool = False,
     ) -> tuple[sa.Executable, list[dict[str, Any]], dict[uuid.UUID, uuid.UUID]]:
         """The statement and parameter sets that open (or reopen) the rows of the
         claimed ``(task_id, attempt)`` pairs, and the new ``attempt_id`` of each
         task, made here: the caller may send the statement in the same step as
-        the claim's (:meth:`~trace_core.storage.sql.SqlTransaction.claim`)."""
+        the claim's (:meth:`~trace_core.storage.sql.SqlTransaction.claim`).
+        ``fresh``: tasks created in this transaction (a plain insert)."""
         opened = {task_id: uuid.uuid4() for task_id, _ in claimed}
         rows = [
             {
@@ -253,7 +270,8 @@ class SqlAttemptOps(SqlArea):
             }
             for task_id, attempt in claimed
         ]
-        return _opening_upsert(self.engine_name), rows, opened
+        build = _opening_insert if fresh else _opening_upsert
+        return build(self.engine_name), rows, opened
 
     async def open(
         self, claimed: Sequence[tuple[uuid.UUID, int]], *, worker_id: str, now: datetime

@@ -15,7 +15,9 @@ on SQLite). No wake-up is written: a claimed task has nobody to wake.
 The insert happens only if no ``Queued`` task would be claimed before it
 (``queued_at`` no later than its own): a hand-off never jumps the queue. It
 returns no row then, nor for a dedupe key that already has a task; the
-caller creates the task the normal way.
+caller creates the task the normal way. The task's insert has ``ON CONFLICT
+DO NOTHING`` only when it has a dedupe key; its attempt row, new as the task,
+is a plain insert.
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ _GIVEN = (
 
 
 @functools.cache
-def _insert(engine_name: str) -> sa.Insert:
+def _insert(engine_name: str, keyed: bool) -> sa.Insert:
     t = schema.tasks
     qt = QUEUE_TABLES[TASKS.name]
 
@@ -78,7 +80,12 @@ def _insert(engine_name: str) -> sa.Insert:
     values = sa.select(*(given(n) for n in _GIVEN), *claimed.values()).where(~sa.exists(older))
     dialect = postgresql if engine_name == "postgres" else sqlite
     insert = dialect.insert(t).from_select([*_GIVEN, *claimed], values)
-    stmt: sa.Insert = insert.on_conflict_do_nothing().returning(*returned_by_claim(qt))
+    if keyed:
+        # The key may have its task already: no row then. A keyless task's
+        # only unique column is its fresh random id, so it needs no
+        # speculative insertion (ON CONFLICT costs index probes and WAL).
+        insert = insert.on_conflict_do_nothing()
+    stmt: sa.Insert = insert.returning(*returned_by_claim(qt))
     return stmt
 
 
@@ -102,4 +109,4 @@ def handoff_insert(
         "now": now,
         "expires_at": expires_at,
     }
-    return _insert(engine_name), params
+    return _insert(engine_name, task.dedupe_key is not None), params
