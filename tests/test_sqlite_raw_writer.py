@@ -18,9 +18,10 @@ import pytest
 
 from tests.factories import make_job
 from trace_core.clock import ManualClock
-from trace_core.errors import ConfigurationError
+from trace_core.errors import ConfigurationError, StorageError
 from trace_core.storage.protocol import NewTask
 from trace_core.storage.sql import SqlRepository
+from trace_core.storage.sql_errors import translate_errors
 from trace_core.storage.sql_handoff import handoff_insert
 from trace_core.storage.sqlite_direct import RawWriter
 
@@ -107,3 +108,18 @@ async def test_a_failed_transaction_rolls_back_and_its_connection_is_replaced(
     assert kept(repo) is not first
     # The two that committed; nothing of the refused one.
     assert kept(repo).execute("SELECT count(*) FROM tasks").fetchone() == (2,)
+
+
+async def test_a_value_the_column_type_refuses_is_a_storage_error(
+    repo: SqlRepository, clock: ManualClock
+) -> None:
+    """As through SQLAlchemy: a naive datetime is refused before the transaction."""
+    job = await make_job(repo, clock.now())
+    stmt, params = handoff_insert("sqlite", [NewTask(job)], now=clock.now(), expires_at=clock.now())
+    params |= {"b_worker_id": "w1", "now": clock.now().replace(tzinfo=None)}
+    with (
+        pytest.raises(StorageError, match="create claimed tasks"),
+        translate_errors("create claimed tasks"),
+    ):
+        await anyio.to_thread.run_sync(writer(repo).run, stmt, params, lambda rows: None)
+    assert lock_is_free(repo)

@@ -297,7 +297,7 @@ class RawWriter:
         list of them for an executemany), ``COMMIT``; ``stmt``'s rows.
         Driver errors come out raw (``sqlite3``'s), after a rollback."""
         first = self._compiled(stmt, None)
-        bound = first.parameters(params)
+        bound = _bound(first, params)
         with self._lock:
             if self._closed:
                 raise ConfigurationError("the repository is closed")
@@ -329,7 +329,7 @@ class RawWriter:
                 stmt2, params2 = follow
                 sets: list[Mapping[str, Any]] = params2 if isinstance(params2, list) else [params2]
                 second = self._compiled(stmt2, tuple(sets[0]))
-                db.executemany(second.sql, [second.parameters(p) for p in sets])
+                db.executemany(second.sql, [_bound(second, p) for p in sets])
             db.execute("COMMIT")
         except BaseException:
             # A failed COMMIT may have ended the transaction already.
@@ -346,6 +346,15 @@ class RawWriter:
             kept, self._kept = self._kept, None
         if kept is not None:
             kept.close()
+
+
+def _bound(compiled: Compiled, params: Mapping[str, Any]) -> dict[str, Any]:
+    """``params`` through the statement's bind processors; a value they
+    refuse raises what SQLAlchemy raises for it (a ``StatementError``)."""
+    try:
+        return compiled.parameters(params)
+    except (TypeError, ValueError) as exc:
+        raise sa_exc.StatementError(str(exc), compiled.sql, None, exc) from exc
 
 
 class SqliteDirect:
