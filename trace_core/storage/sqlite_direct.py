@@ -21,7 +21,7 @@ one-task enqueue with its wake-up row is three. The one-commit hand-off is
 one hop on the raw ``sqlite3`` connection (:meth:`DirectScope.execute_then_commit`):
 ``BEGIN IMMEDIATE``, its statements compiled once
 (:mod:`~trace_core.storage.precompiled`), ``COMMIT``.
-Statements run through the sync :meth:`sqlalchemy.engine.Connection.execute`,
+Every other statement runs through the sync :meth:`sqlalchemy.engine.Connection.execute`,
 so ad hoc statements, executemany and ``RETURNING`` behave, and fail, exactly
 as through the async path: the same compiled SQL, bind and result processors,
 and SQLAlchemy's own error wrapping for
