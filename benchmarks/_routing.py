@@ -21,7 +21,7 @@ is left; ``route_seconds`` is then that tail. Either way ``seconds`` runs from
 the first request to the last task written.
 
 The result is checked against the tasks table: exactly one task per distinct
-partition and dependent. On Postgres each run is followed by its floor
+partition and dependent. Each run is followed by its floor
 (:mod:`benchmarks._routing_floor`) on another fresh database: the bare writes
 of the same task rows, whose time bounds ``events_per_s`` from above.
 """
@@ -97,7 +97,7 @@ class RoutingParams:
     overlap: bool = False
     """Route while accepting (the relay's service loop runs), as a Dispatcher does."""
     floor: bool = True
-    """Postgres: measure the floor (the bare task writes) after the run."""
+    """Measure the floor (the bare task writes) after the run."""
 
 
 def build_dag(dependents: int) -> str:
@@ -450,7 +450,7 @@ def run_routing(
         "overlap": params.overlap,
         "load_avg_1m": load,
     }
-    if params.floor and dbs.engine == "postgres":
+    if params.floor:
         floor_url = dbs.fresh(f"routingfloor{run}")
         floor = anyio.run(_floor, floor_url, params, dbs.postmaster, backend="asyncio")
         dbs.drop(floor_url)

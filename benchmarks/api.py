@@ -22,7 +22,19 @@ worker paths (``--path``, ``all`` runs each in turn within every run):
 - ``task``: the same claim, then ``/v1/task/heartbeat`` ->
   ``/v1/task/complete`` with the claim's capability token (verified per call);
 - ``v1``: ``POST /internal/worker/claim`` (the next job of the stream) ->
-  ``/internal/worker/heartbeat`` -> ``/internal/worker/complete``.
+  ``/internal/worker/heartbeat`` -> ``/internal/worker/complete``;
+- ``floor`` (Postgres): the same workers against the minimal ASGI app of
+  :mod:`benchmarks._api_floor` instead of ``serve``: uvicorn served as
+  ``serve`` serves, and one fenced statement per route on psycopg directly
+  (claim with ``SKIP LOCKED`` and a lease, heartbeat, complete), no auth.
+  Its tasks are made with ``TaskQueue.create`` (not timed). It is the cost
+  of HTTP plus the SQL a triple needs; when a run measures it, it comes
+  first and every other path's row of that run carries ``share_of_floor``
+  (its triples/s over the floor's) and ``cpu_over_floor`` (its server CPU
+  per triple over the floor's).
+
+``--path`` takes one path, a comma-separated list, or ``all`` (the three
+Trace paths: ``all,floor`` adds the floor).
 
 One JSON object per run and path on stdout (``bench, engine, path, workers,
 tasks, seconds, round_trips_per_s`` = triples per second, ``p50_ms``/``p99_ms``
@@ -64,6 +76,7 @@ from benchmarks._common import (
     require_positive,
     server_cpu_s,
     summarize,
+    utcnow,
 )
 from trace_core.api.capability import CAPABILITY_HEADER
 
@@ -80,8 +93,11 @@ _KEYS = (
     "server_cpu_ms_per_triple",
     "postgres_cpu_ms_per_triple",
     "client_cpu_ms_per_triple",
+    "share_of_floor",
+    "cpu_over_floor",
 )
 PATHS = ("internal", "task", "v1")
+FLOOR = "floor"
 STREAM = "trace-ecs-udf"
 DAG = """
 dag: bench
@@ -116,9 +132,9 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--runs", type=int, default=3, help="runs; the summary has medians")
     p.add_argument(
         "--path",
-        choices=(*PATHS, "all"),
         default="internal",
-        help="the worker routes driven (module docstring); all: each in turn per run",
+        help=f"the worker routes driven, comma-separated, of {', '.join((*PATHS, FLOOR))} "
+        "(module docstring); all: the three Trace paths in turn per run",
     )
     p.add_argument(
         "--client",
@@ -129,7 +145,26 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("-v", "--verbose", action="store_true")
     args = p.parse_args(argv)
     require_positive(p, args, "workers", "tasks", "runs")
+    args.paths = _paths(p, args.path, args.engine)
     return args
+
+
+def _paths(p: argparse.ArgumentParser, given: str, engine: str) -> tuple[str, ...]:
+    """The paths of ``--path``, the floor first (the others' rows are read against it)."""
+    names: list[str] = []
+    for name in (x.strip() for x in given.split(",") if x.strip()):
+        for path in PATHS if name == "all" else (name,):
+            if path not in (*PATHS, FLOOR):
+                p.error(
+                    f"--path: unknown path {path!r} (choose from {', '.join(PATHS)}, {FLOOR}, all)"
+                )
+            if path not in names:
+                names.append(path)
+    if not names:
+        p.error("--path: no path given")
+    if FLOOR in names and engine != "postgres":
+        p.error("--path floor: the floor runs on Postgres only")
+    return tuple(sorted(names, key=lambda path: path != FLOOR))
 
 
 def _free_port() -> int:
@@ -159,29 +194,44 @@ def _start_server(
 ) -> tuple[subprocess.Popen[bytes], str]:
     """``trace-lite serve`` (with ``extra`` arguments) on a free port, once it
     answers; its base URL."""
-    import httpx
-
     port = _free_port()
-    root = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "TRACE_INTERNAL_TOKEN": TOKEN, "PYTHONPATH": str(root)}
     command = [sys.executable, "-m", "trace_lite.cli", "serve", "--db", url]
     command += ["--port", str(port), "--data-dir", str(data_dir), "--log-level", "warning"]
     command += ["--operators", OPERATORS_REF, *extra]
+    return _launch(command, port, "/openapi.json", log_file, {"TRACE_INTERNAL_TOKEN": TOKEN})
+
+
+def _start_floor(url: str, log_file: Path, connections: int) -> tuple[subprocess.Popen[bytes], str]:
+    """The floor app (:mod:`benchmarks._api_floor`) on a free port, once it answers."""
+    port = _free_port()
+    command = [sys.executable, "-m", "benchmarks._api_floor", "--db", url, "--port", str(port)]
+    command += ["--connections", str(connections)]
+    return _launch(command, port, "/healthz", log_file, {})
+
+
+def _launch(
+    command: list[str], port: int, probe: str, log_file: Path, env: dict[str, str]
+) -> tuple[subprocess.Popen[bytes], str]:
+    """Start a server process of this tree; wait until ``GET probe`` answers 200."""
+    import httpx
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, **env, "PYTHONPATH": str(root)}
     with log_file.open("wb") as out:
         server = subprocess.Popen(command, env=env, cwd=root, stdout=out, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     while True:
         if server.poll() is not None:
-            raise RuntimeError("serve exited:\n" + log_file.read_text())
+            raise RuntimeError(f"{command[2]} exited:\n" + log_file.read_text())
         try:
-            if httpx.get(f"{base}/openapi.json", timeout=5).status_code == 200:
+            if httpx.get(f"{base}{probe}", timeout=5).status_code == 200:
                 return server, base
         except httpx.TransportError:
             pass
         if time.monotonic() > deadline:
             server.kill()
-            raise RuntimeError("serve did not start within 60 s")
+            raise RuntimeError(f"{command[2]} did not start within 60 s")
         time.sleep(0.05)
 
 
@@ -272,7 +322,41 @@ async def _v1_triple(client: Any, _task_id: str, worker_id: str) -> None:
     done.raise_for_status()
 
 
-_TRIPLES = {"internal": _internal_triple, "task": _task_triple, "v1": _v1_triple}
+async def _floor_triple(client: Any, _task_id: str, worker_id: str) -> None:
+    claim = await client.post("/claim", json={"worker_id": worker_id})
+    body = claim.json()
+    if body.get("claimed") is not True:
+        raise RuntimeError(f"the floor claimed nothing: {body}")
+    fence = {"task_id": body["task_id"], "attempt": body["attempt"]}
+    fence["lease_token"] = body["lease_token"]
+    beat = await client.post("/heartbeat", json=fence)
+    beat.raise_for_status()
+    done = await client.post("/complete", json=fence)
+    done.raise_for_status()
+
+
+async def _create_floor_tasks(url: str, count: int) -> list[str]:
+    """``count`` tasks of a standalone job, through the library (the floor has no trigger)."""
+    from trace_core.standalone import ensure_standalone_job
+    from trace_core.storage.protocol import NewTask
+    from trace_core.storage.sql import SqlRepository
+    from trace_core.tasks import TaskQueue
+
+    repo = SqlRepository(url)
+    try:
+        job_id = await ensure_standalone_job(repo, "bench-floor", now=utcnow())
+        made = await TaskQueue(repo).create([NewTask(job_id) for _ in range(count)])
+        return [str(m.task_id) for m in made]
+    finally:
+        await repo.close()
+
+
+_TRIPLES = {
+    "internal": _internal_triple,
+    "task": _task_triple,
+    "v1": _v1_triple,
+    FLOOR: _floor_triple,
+}
 
 
 async def _work(
@@ -304,6 +388,11 @@ def _worker_process(
 ) -> None:
     """A worker OS process: wait for the start signal, run its share, report
     timings and the CPU seconds the share took."""
+    # The client's modules load before the start signal: their import is not a triple's cost.
+    import httpx  # noqa: F401
+
+    import benchmarks._raw_http  # noqa: F401
+
     start.wait()
     cpu = time.process_time()
     try:
@@ -317,11 +406,16 @@ def _run(
     args: argparse.Namespace, dbs: Databases, run: int, path: str, scratch: Path
 ) -> dict[str, Any]:
     url = dbs.fresh(f"api{run}{path}")
-    anyio.run(_deploy, url, path)
     name = f"{path}{run}"
-    server, base = _start_server(url, scratch / f"data{name}", scratch / f"serve{name}.log")
+    ids: list[str] = []
+    if path == FLOOR:
+        ids = anyio.run(_create_floor_tasks, url, args.tasks)
+        server, base = _start_floor(url, scratch / f"{name}.log", args.workers)
+    else:
+        anyio.run(_deploy, url, path)
+        server, base = _start_server(url, scratch / f"data{name}", scratch / f"serve{name}.log")
     try:
-        ids = anyio.run(_create_tasks, base, args.tasks)
+        ids = ids or anyio.run(_create_tasks, base, args.tasks)
         context = mp.get_context("spawn")
         start = context.Event()
         results = context.Queue()
@@ -382,8 +476,17 @@ def _run(
         "load_average": load,
         "verified": statuses == {"Completed": args.tasks},
     }
-    emit(row)
     return row
+
+
+def _against_floor(row: dict[str, Any], floor: dict[str, Any]) -> dict[str, Any]:
+    """A Trace path's row read against the floor's row of the same run."""
+    cpu = floor["server_cpu_ms_per_triple"]
+    return {
+        **row,
+        "share_of_floor": round(row["round_trips_per_s"] / floor["round_trips_per_s"], 3),
+        "cpu_over_floor": round(row["server_cpu_ms_per_triple"] / cpu, 3) if cpu else None,
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -391,10 +494,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parse(argv)
     configure_logging(args.verbose, "httpx")
     with Databases(args.engine, args.db) as dbs, tempfile.TemporaryDirectory() as scratch:
-        paths = PATHS if args.path == "all" else (args.path,)
-        rows = [
-            _run(args, dbs, run, path, Path(scratch)) for run in range(args.runs) for path in paths
-        ]
+        paths = args.paths
+        rows: list[dict[str, Any]] = []
+        for run in range(args.runs):
+            floor: dict[str, Any] | None = None
+            for path in paths:
+                row = _run(args, dbs, run, path, Path(scratch))
+                if path == FLOOR:
+                    floor = row
+                elif floor is not None:
+                    row = _against_floor(row, floor)
+                emit(row)
+                rows.append(row)
     for path in paths if args.runs > 1 else ():
         mine = [r for r in rows if r["path"] == path]
         emit(
