@@ -9,8 +9,8 @@ here measures both sides of one target in the same run and reports figures
     ``benchmarks.api --client raw --path <paths>`` on this tree against the
     same benchmark client run on the baseline tree (``--baseline``, d016d38 by
     default): a throwaway detached ``git worktree`` of that commit, with this
-    tree's client files copied over its own (:data:`HTTP_CLIENT`), run with
-    its tree on ``PYTHONPATH``, so that only the server code differs. Both
+    tree's client files copied in (:data:`HTTP_CLIENT`), run with its tree on
+    ``PYTHONPATH``, so that only the server code differs. Both
     sides use the same Postgres server; which goes first alternates by run.
     This tree's side also measures the floor (``--path floor``: the same
     workers against a minimal ASGI app running the SQL a triple needs).
@@ -56,8 +56,19 @@ log = logging.getLogger("benchmarks")
 
 ROOT = Path(__file__).resolve().parent.parent
 FLOOR_PAIRS = ("http-baseline", "routing-floor", "handoff-floor")
-HTTP_CLIENT = ("api.py", "_api_floor.py", "_common.py", "_raw_http.py")
-"""The benchmark client's files (``benchmarks/``), copied into the baseline tree."""
+HTTP_CLIENT = {
+    "api.py": "api_new.py",
+    "_api_floor.py": "_api_floor.py",
+    "_api_workers.py": "_api_workers.py",
+    "_common.py": "_common.py",
+    "_raw_http.py": "_raw_http.py",
+}
+"""The benchmark client's files (``benchmarks/``) and their names in the
+baseline tree. ``api.py`` goes in beside the tree's own, which ``serve``
+there loads the benchmark's operators from (``benchmarks.api:OPERATORS_FACTORY``
+builds the registry of that tree's own classes); ``_common.py`` only grew
+since d016d38, so the tree's own ``api.py`` still imports from it."""
+_HTTP_MODULE = {"new": "benchmarks.api", "base": "benchmarks.api_new"}
 
 _AT_LEAST, _AT_MOST = "at_least", "at_most"
 _HTTP_TARGETS = {"ratio": (_AT_LEAST, 5.0), "new_cpu_ms": (_AT_MOST, 1.5)}
@@ -111,8 +122,8 @@ class BaselineTree:
                 f"--baseline {self.revision}: no worktree of it could be made from {ROOT} "
                 "(a git checkout holding that commit is needed)"
             ) from exc
-        for name in HTTP_CLIENT:
-            shutil.copy2(ROOT / "benchmarks" / name, self.path / "benchmarks" / name)
+        for name, copy in HTTP_CLIENT.items():
+            shutil.copy2(ROOT / "benchmarks" / name, self.path / "benchmarks" / copy)
         return self
 
     def __exit__(
@@ -169,7 +180,7 @@ class FloorSides:
     def _http_side(self, side: str) -> list[dict[str, Any]]:
         paths = ",".join(self.http_paths) + (",floor" if side == "new" else "")
         tree = ROOT if side == "new" else self._baseline_path()
-        command = [sys.executable, "-m", "benchmarks.api", *self._db("postgres"), "--runs", "1"]
+        command = [sys.executable, "-m", _HTTP_MODULE[side], *self._db("postgres"), "--runs", "1"]
         command += ["--workers", str(self.http_workers), "--tasks", str(self.http_tasks)]
         command += ["--path", paths, "--client", "raw"]
         rows = json_rows(command, cwd=tree, env={"PYTHONPATH": str(tree)})

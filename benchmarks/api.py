@@ -50,7 +50,6 @@ files.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import multiprocessing as mp
 import os
 import socket
@@ -64,6 +63,7 @@ from typing import Any
 
 import anyio
 
+from benchmarks._api_workers import AUTH, FLOOR, STREAM, TOKEN, worker_process
 from benchmarks._common import (
     Databases,
     benchmark_parser,
@@ -80,10 +80,8 @@ from benchmarks._common import (
 )
 from trace_core.api.capability import CAPABILITY_HEADER
 
-__all__ = ["main"]
+__all__ = ["AUTH", "STREAM", "TOKEN", "main"]
 
-TOKEN = "benchmark-api-token-0123456789abcdef"
-AUTH = {"Authorization": f"Bearer {TOKEN}"}
 OPERATORS_REF = "benchmarks.api:OPERATORS_FACTORY"
 _KEYS = (
     "seconds",
@@ -97,8 +95,6 @@ _KEYS = (
     "cpu_over_floor",
 )
 PATHS = ("internal", "task", "v1")
-FLOOR = "floor"
-STREAM = "trace-ecs-udf"
 DAG = """
 dag: bench
 jobs:
@@ -178,8 +174,11 @@ async def _deploy(url: str, path: str) -> None:
     from trace_core.dag import parse_dag
     from trace_core.dispatcher.service import Dispatcher
     from trace_core.storage.sql import SqlRepository
+    from trace_lite.serve import load_operators
 
-    operators = OPERATORS_FACTORY()
+    # As ``serve`` loads them: in an older tree (benchmarks.compare's
+    # baseline) the registry is that tree's own class, from its own api.py.
+    operators = load_operators(OPERATORS_REF)
     repo = SqlRepository(url)
     try:
         await Dispatcher(repo, operators=operators).deploy(
@@ -198,7 +197,10 @@ def _start_server(
     command = [sys.executable, "-m", "trace_lite.cli", "serve", "--db", url]
     command += ["--port", str(port), "--data-dir", str(data_dir), "--log-level", "warning"]
     command += ["--operators", OPERATORS_REF, *extra]
-    return _launch(command, port, "/openapi.json", log_file, {"TRACE_INTERNAL_TOKEN": TOKEN})
+    # /healthz answers at once; an older tree (benchmarks.compare's baseline)
+    # has none, and its /openapi.json answers when the document is built.
+    probes = ("/healthz", "/openapi.json")
+    return _launch(command, port, probes, log_file, {"TRACE_INTERNAL_TOKEN": TOKEN})
 
 
 def _start_floor(url: str, log_file: Path, connections: int) -> tuple[subprocess.Popen[bytes], str]:
@@ -206,13 +208,14 @@ def _start_floor(url: str, log_file: Path, connections: int) -> tuple[subprocess
     port = _free_port()
     command = [sys.executable, "-m", "benchmarks._api_floor", "--db", url, "--port", str(port)]
     command += ["--connections", str(connections)]
-    return _launch(command, port, "/healthz", log_file, {})
+    return _launch(command, port, ("/healthz",), log_file, {})
 
 
 def _launch(
-    command: list[str], port: int, probe: str, log_file: Path, env: dict[str, str]
+    command: list[str], port: int, probes: Sequence[str], log_file: Path, env: dict[str, str]
 ) -> tuple[subprocess.Popen[bytes], str]:
-    """Start a server process of this tree; wait until ``GET probe`` answers 200."""
+    """Start a server process of this tree; wait until a ``GET`` of one of
+    ``probes`` answers 200 (the next is asked while one answers 404)."""
     import httpx
 
     root = Path(__file__).resolve().parents[1]
@@ -225,8 +228,12 @@ def _launch(
         if server.poll() is not None:
             raise RuntimeError(f"{command[2]} exited:\n" + log_file.read_text())
         try:
-            if httpx.get(f"{base}{probe}", timeout=5).status_code == 200:
-                return server, base
+            for probe in probes:
+                status = httpx.get(f"{base}{probe}", headers=AUTH, timeout=5).status_code
+                if status == 200:
+                    return server, base
+                if status != 404:
+                    break
         except httpx.TransportError:
             pass
         if time.monotonic() > deadline:
@@ -265,76 +272,6 @@ async def _create_tasks(base: str, count: int) -> list[str]:
     return ids
 
 
-async def _internal_triple(client: Any, task_id: str, worker_id: str) -> None:
-    claim = await client.post(
-        "/internal/task-claim", json={"task_id": task_id, "worker_id": worker_id}
-    )
-    body = claim.json()
-    if body.get("status") != "Claimed":
-        raise RuntimeError(f"task {task_id} not claimed: {body}")
-    fence = {"task_id": task_id, "attempt": body["attempt"], "lease_token": body["lease_token"]}
-    beat = await client.post("/internal/heartbeat", json=fence)
-    beat.raise_for_status()
-    done = await client.post(
-        "/internal/task-complete",
-        json={**fence, "status": "Completed", "events": [], "error_message": None},
-    )
-    done.raise_for_status()
-
-
-async def _task_triple(client: Any, task_id: str, worker_id: str) -> None:
-    claim = await client.post(
-        "/internal/task-claim", json={"task_id": task_id, "worker_id": worker_id}
-    )
-    body = claim.json()
-    if body.get("status") != "Claimed":
-        raise RuntimeError(f"task {task_id} not claimed: {body}")
-    # The task-scoped routes are authorized by the capability token alone (the
-    # client's internal token is ignored there).
-    headers = {CAPABILITY_HEADER: body["task"]["capability_token"]}
-    fence = {"task_id": task_id, "attempt": body["attempt"], "lease_token": body["lease_token"]}
-    beat = await client.post("/v1/task/heartbeat", json=fence, headers=headers)
-    beat.raise_for_status()
-    done = await client.post(
-        "/v1/task/complete", json={**fence, "status": "Completed"}, headers=headers
-    )
-    done.raise_for_status()
-
-
-async def _v1_triple(client: Any, _task_id: str, worker_id: str) -> None:
-    claim = await client.post(
-        "/internal/worker/claim",
-        json={"worker_id": worker_id, "streams": [STREAM], "max_wait_ms": 5000},
-    )
-    body = claim.json()
-    if body.get("claimed") is not True:
-        raise RuntimeError(f"nothing claimed from {STREAM}: {body}")
-    held = {
-        "worker_id": worker_id,
-        "job_id": body["job_id"],
-        "attempt_id": body["attempt_id"],
-        "lease_token": body["lease_token"],
-    }
-    beat = await client.post("/internal/worker/heartbeat", json=held)
-    beat.raise_for_status()
-    report = {**held, "stream": body["stream"], "message_id": body["message_id"], "result": {}}
-    done = await client.post("/internal/worker/complete", json=report)
-    done.raise_for_status()
-
-
-async def _floor_triple(client: Any, _task_id: str, worker_id: str) -> None:
-    claim = await client.post("/claim", json={"worker_id": worker_id})
-    body = claim.json()
-    if body.get("claimed") is not True:
-        raise RuntimeError(f"the floor claimed nothing: {body}")
-    fence = {"task_id": body["task_id"], "attempt": body["attempt"]}
-    fence["lease_token"] = body["lease_token"]
-    beat = await client.post("/heartbeat", json=fence)
-    beat.raise_for_status()
-    done = await client.post("/complete", json=fence)
-    done.raise_for_status()
-
-
 async def _create_floor_tasks(url: str, count: int) -> list[str]:
     """``count`` tasks of a standalone job, through the library (the floor has no trigger)."""
     from trace_core.standalone import ensure_standalone_job
@@ -351,60 +288,10 @@ async def _create_floor_tasks(url: str, count: int) -> list[str]:
         await repo.close()
 
 
-_TRIPLES = {
-    "internal": _internal_triple,
-    "task": _task_triple,
-    "v1": _v1_triple,
-    FLOOR: _floor_triple,
-}
-
-
-async def _work(
-    base: str, path: str, client_kind: str, task_ids: list[str], worker_id: str
-) -> list[float]:
-    """claim -> heartbeat -> complete on ``path`` once per id (``v1`` claims
-    whichever task the stream gives); the seconds of each triple."""
-    import httpx
-
-    from benchmarks._raw_http import RawClient
-
-    triple = _TRIPLES[path]
-    timings: list[float] = []
-    connection: Any = (
-        RawClient(base, headers=AUTH)
-        if client_kind == "raw"
-        else httpx.AsyncClient(base_url=base, headers=AUTH, timeout=60)
-    )
-    async with connection as client:
-        for task_id in task_ids:
-            began = time.perf_counter()
-            await triple(client, task_id, worker_id)
-            timings.append(time.perf_counter() - began)
-    return timings
-
-
-def _worker_process(
-    base: str, path: str, client: str, task_ids: list[str], index: int, start: Any, results: Any
-) -> None:
-    """A worker OS process: wait for the start signal, run its share, report
-    timings and the CPU seconds the share took."""
-    # The client's modules load before the start signal: their import is not a triple's cost.
-    import httpx  # noqa: F401
-
-    import benchmarks._raw_http  # noqa: F401
-
-    start.wait()
-    cpu = time.process_time()
-    try:
-        timings = asyncio.run(_work(base, path, client, task_ids, f"bench-{index}"))
-        results.put((index, timings, time.process_time() - cpu, None))
-    except Exception as exc:  # reported to the parent, which fails the run
-        results.put((index, [], 0.0, repr(exc)))
-
-
 def _run(
     args: argparse.Namespace, dbs: Databases, run: int, path: str, scratch: Path
 ) -> dict[str, Any]:
+    log.info("run %d, path %s: a fresh database", run, path)
     url = dbs.fresh(f"api{run}{path}")
     name = f"{path}{run}"
     ids: list[str] = []
@@ -415,21 +302,28 @@ def _run(
         anyio.run(_deploy, url, path)
         server, base = _start_server(url, scratch / f"data{name}", scratch / f"serve{name}.log")
     try:
+        log.info("run %d, path %s: server up", run, path)
         ids = ids or anyio.run(_create_tasks, base, args.tasks)
+        log.info("run %d, path %s: %d tasks made; the workers start", run, path, len(ids))
         context = mp.get_context("spawn")
         start = context.Event()
         results = context.Queue()
+        ready = context.Queue()
+        signals = (ready, start, results)
         shares = [ids[i :: args.workers] for i in range(args.workers)]
         workers = [
             context.Process(
-                target=_worker_process,
-                args=(base, path, args.client, share, i, start, results),
+                target=worker_process,
+                args=(base, path, args.client, share, i, CAPABILITY_HEADER, signals),
             )
             for i, share in enumerate(shares)
         ]
         for worker in workers:
             worker.start()
-        time.sleep(0.5)  # let the interpreters start: setup, not synchronization of results
+        # The clock starts once every worker has started its interpreter and
+        # imported its client: on a busy machine that takes seconds.
+        for _ in workers:
+            ready.get(timeout=120)
         load = load_average()
         cpu_before = _process_cpu_s(server.pid)
         pg_before = server_cpu_s(dbs.postmaster) if dbs.postmaster else 0.0
