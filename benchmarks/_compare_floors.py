@@ -122,8 +122,12 @@ class BaselineTree:
                 f"--baseline {self.revision}: no worktree of it could be made from {ROOT} "
                 "(a git checkout holding that commit is needed)"
             ) from exc
-        for name, copy in HTTP_CLIENT.items():
-            shutil.copy2(ROOT / "benchmarks" / name, self.path / "benchmarks" / copy)
+        try:
+            for name, copy in HTTP_CLIENT.items():
+                shutil.copy2(ROOT / "benchmarks" / name, self.path / "benchmarks" / copy)
+        except BaseException:
+            self.__exit__(None, None, None)  # no worktree is left behind
+            raise
         return self
 
     def __exit__(
