@@ -22,7 +22,8 @@ the first request to the last task written.
 
 The result is checked against the tasks table: exactly one task per distinct
 partition and dependent. Each run is followed by its floor
-(:mod:`benchmarks._routing_floor`) on another fresh database: the bare writes
+(:mod:`benchmarks._routing_floor`, on SQLite
+:mod:`benchmarks._routing_floor_sqlite`) on another fresh database: the bare writes
 of the same task rows, whose time bounds ``events_per_s`` from above.
 """
 
@@ -52,6 +53,7 @@ from benchmarks._common import (
     server_cpu_s,
 )
 from benchmarks._routing_floor import write_floor
+from benchmarks._routing_floor_sqlite import write_sqlite_floor
 from trace_core.authoring.events import DatasetEvent
 from trace_core.clock import SystemClock
 from trace_core.dag import DeployResult, deploy, parse_dag
@@ -370,6 +372,15 @@ async def _floor(url: str, params: RoutingParams, postmaster: int | None) -> dic
     try:
         deployed = await _deploy(repo, params)
         pointer = deployed.datasets[DATASET]
+        if repo.engine_name == "sqlite":
+            return await write_sqlite_floor(
+                repo,
+                jobs=[job for name, job in deployed.jobs.items() if name != SOURCE_JOB],
+                dataset=pointer.dataset_uuid,
+                version=pointer.dataset_version,
+                units=params.events,
+                span=params.block_span,
+            )
         return await write_floor(
             repo,
             jobs=[job for name, job in deployed.jobs.items() if name != SOURCE_JOB],
