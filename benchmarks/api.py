@@ -14,7 +14,8 @@ processes, each with its own client (one keep-alive connection:
 raw`` the minimal one of ``benchmarks/_raw_http.py``, which spends a fraction
 of httpx's CPU so that the server, not the clients, is what saturates the
 machine) and one request in flight, run their share of the triples. The
-clock runs from a shared start signal to the last completion. The three
+clock runs from a shared start signal, given once every worker process
+has started and imported its client, to the last completion. The three
 worker paths (``--path``, ``all`` runs each in turn within every run):
 
 - ``internal``: ``POST /internal/task-claim`` (by id) ->
