@@ -65,7 +65,10 @@ from trace_core.storage.sql import SqlRepository
 from trace_core.tasks import TASKS_CHANNEL, TaskQueue
 from trace_core.wakeup import WakeupHub
 
-__all__ = ["LatencyParams", "run_latency"]
+__all__ = ["SCENARIOS", "LatencyParams", "run_latency"]
+
+SCENARIOS = ("in-process", "in-process-handoff", "in-process-threads", "cross-process")
+"""Every latency scenario; ``cross-process`` runs on Postgres only."""
 
 _WARMUP = 10
 _START_DELAY = 1.0
@@ -78,6 +81,8 @@ class LatencyParams:
     pause: float = 0.02
     wait_timeout: float = 1.0
     wakeup_outbox: bool = True
+    scenarios: tuple[str, ...] | None = None
+    """The scenarios run (after the floor row); None: every one the engine supports."""
 
 
 # Claimed samples: (task id, stamped enqueue start, claim returned, claim started
@@ -477,9 +482,12 @@ def run_latency(
 ) -> list[dict[str, Any]]:
     """Run the scenarios this engine supports; emits one object per scenario."""
     rows: list[dict[str, Any]] = []
-    scenarios = ["in-process", "in-process-handoff", "in-process-threads"]
-    if dbs.engine == "postgres":
-        scenarios.append("cross-process")
+    scenarios = [s for s in SCENARIOS if dbs.engine == "postgres" or s != "cross-process"]
+    if params.scenarios is not None:
+        unsupported = sorted(set(params.scenarios) - set(scenarios))
+        if unsupported:
+            raise ValueError(f"scenarios: {', '.join(unsupported)} not run on {dbs.engine}")
+        scenarios = [s for s in scenarios if s in params.scenarios]
     url = dbs.fresh("latfloor")
     floor: dict[str, Any] = {"engine": dbs.engine, "mode": "latency", "scenario": "floor"}
     floor |= {"load_average_before": load_average(), "pause_s": params.pause}

@@ -21,8 +21,9 @@ is left; ``route_seconds`` is then that tail. Either way ``seconds`` runs from
 the first request to the last task written.
 
 The result is checked against the tasks table: exactly one task per distinct
-partition and dependent. On Postgres each run is followed by its floor
-(:mod:`benchmarks._routing_floor`) on another fresh database: the bare writes
+partition and dependent. Each run is followed by its floor
+(:mod:`benchmarks._routing_floor`, on SQLite
+:mod:`benchmarks._routing_floor_sqlite`) on another fresh database: the bare writes
 of the same task rows, whose time bounds ``events_per_s`` from above.
 """
 
@@ -52,6 +53,7 @@ from benchmarks._common import (
     server_cpu_s,
 )
 from benchmarks._routing_floor import write_floor
+from benchmarks._routing_floor_sqlite import write_sqlite_floor
 from trace_core.authoring.events import DatasetEvent
 from trace_core.clock import SystemClock
 from trace_core.dag import DeployResult, deploy, parse_dag
@@ -97,7 +99,7 @@ class RoutingParams:
     overlap: bool = False
     """Route while accepting (the relay's service loop runs), as a Dispatcher does."""
     floor: bool = True
-    """Postgres: measure the floor (the bare task writes) after the run."""
+    """Measure the floor (the bare task writes) after the run."""
 
 
 def build_dag(dependents: int) -> str:
@@ -370,6 +372,15 @@ async def _floor(url: str, params: RoutingParams, postmaster: int | None) -> dic
     try:
         deployed = await _deploy(repo, params)
         pointer = deployed.datasets[DATASET]
+        if repo.engine_name == "sqlite":
+            return await write_sqlite_floor(
+                repo,
+                jobs=[job for name, job in deployed.jobs.items() if name != SOURCE_JOB],
+                dataset=pointer.dataset_uuid,
+                version=pointer.dataset_version,
+                units=params.events,
+                span=params.block_span,
+            )
         return await write_floor(
             repo,
             jobs=[job for name, job in deployed.jobs.items() if name != SOURCE_JOB],
@@ -450,7 +461,7 @@ def run_routing(
         "overlap": params.overlap,
         "load_avg_1m": load,
     }
-    if params.floor and dbs.engine == "postgres":
+    if params.floor:
         floor_url = dbs.fresh(f"routingfloor{run}")
         floor = anyio.run(_floor, floor_url, params, dbs.postmaster, backend="asyncio")
         dbs.drop(floor_url)

@@ -14,7 +14,8 @@ processes, each with its own client (one keep-alive connection:
 raw`` the minimal one of ``benchmarks/_raw_http.py``, which spends a fraction
 of httpx's CPU so that the server, not the clients, is what saturates the
 machine) and one request in flight, run their share of the triples. The
-clock runs from a shared start signal to the last completion. The three
+clock runs from a shared start signal, given once every worker process
+has started and imported its client, to the last completion. The three
 worker paths (``--path``, ``all`` runs each in turn within every run):
 
 - ``internal``: ``POST /internal/task-claim`` (by id) ->
@@ -22,7 +23,19 @@ worker paths (``--path``, ``all`` runs each in turn within every run):
 - ``task``: the same claim, then ``/v1/task/heartbeat`` ->
   ``/v1/task/complete`` with the claim's capability token (verified per call);
 - ``v1``: ``POST /internal/worker/claim`` (the next job of the stream) ->
-  ``/internal/worker/heartbeat`` -> ``/internal/worker/complete``.
+  ``/internal/worker/heartbeat`` -> ``/internal/worker/complete``;
+- ``floor`` (Postgres): the same workers against the minimal ASGI app of
+  :mod:`benchmarks._api_floor` instead of ``serve``: uvicorn served as
+  ``serve`` serves, and one fenced statement per route on psycopg directly
+  (claim with ``SKIP LOCKED`` and a lease, heartbeat, complete), no auth.
+  Its tasks are made with ``TaskQueue.create`` (not timed). It is the cost
+  of HTTP plus the SQL a triple needs; when a run measures it, it comes
+  first and every other path's row of that run carries ``share_of_floor``
+  (its triples/s over the floor's) and ``cpu_over_floor`` (its server CPU
+  per triple over the floor's).
+
+``--path`` takes one path, a comma-separated list, or ``all`` (the three
+Trace paths: ``all,floor`` adds the floor).
 
 One JSON object per run and path on stdout (``bench, engine, path, workers,
 tasks, seconds, round_trips_per_s`` = triples per second, ``p50_ms``/``p99_ms``
@@ -38,7 +51,6 @@ files.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import multiprocessing as mp
 import os
 import socket
@@ -52,6 +64,7 @@ from typing import Any
 
 import anyio
 
+from benchmarks._api_workers import AUTH, FLOOR, STREAM, TOKEN, worker_process
 from benchmarks._common import (
     Databases,
     benchmark_parser,
@@ -64,13 +77,12 @@ from benchmarks._common import (
     require_positive,
     server_cpu_s,
     summarize,
+    utcnow,
 )
 from trace_core.api.capability import CAPABILITY_HEADER
 
-__all__ = ["main"]
+__all__ = ["AUTH", "STREAM", "TOKEN", "main"]
 
-TOKEN = "benchmark-api-token-0123456789abcdef"
-AUTH = {"Authorization": f"Bearer {TOKEN}"}
 OPERATORS_REF = "benchmarks.api:OPERATORS_FACTORY"
 _KEYS = (
     "seconds",
@@ -80,9 +92,10 @@ _KEYS = (
     "server_cpu_ms_per_triple",
     "postgres_cpu_ms_per_triple",
     "client_cpu_ms_per_triple",
+    "share_of_floor",
+    "cpu_over_floor",
 )
 PATHS = ("internal", "task", "v1")
-STREAM = "trace-ecs-udf"
 DAG = """
 dag: bench
 jobs:
@@ -116,9 +129,9 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--runs", type=int, default=3, help="runs; the summary has medians")
     p.add_argument(
         "--path",
-        choices=(*PATHS, "all"),
         default="internal",
-        help="the worker routes driven (module docstring); all: each in turn per run",
+        help=f"the worker routes driven, comma-separated, of {', '.join((*PATHS, FLOOR))} "
+        "(module docstring); all: the three Trace paths in turn per run",
     )
     p.add_argument(
         "--client",
@@ -129,7 +142,26 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("-v", "--verbose", action="store_true")
     args = p.parse_args(argv)
     require_positive(p, args, "workers", "tasks", "runs")
+    args.paths = _paths(p, args.path, args.engine)
     return args
+
+
+def _paths(p: argparse.ArgumentParser, given: str, engine: str) -> tuple[str, ...]:
+    """The paths of ``--path``, the floor first (the others' rows are read against it)."""
+    names: list[str] = []
+    for name in (x.strip() for x in given.split(",") if x.strip()):
+        for path in PATHS if name == "all" else (name,):
+            if path not in (*PATHS, FLOOR):
+                p.error(
+                    f"--path: unknown path {path!r} (choose from {', '.join(PATHS)}, {FLOOR}, all)"
+                )
+            if path not in names:
+                names.append(path)
+    if not names:
+        p.error("--path: no path given")
+    if FLOOR in names and engine != "postgres":
+        p.error("--path floor: the floor runs on Postgres only")
+    return tuple(sorted(names, key=lambda path: path != FLOOR))
 
 
 def _free_port() -> int:
@@ -143,8 +175,11 @@ async def _deploy(url: str, path: str) -> None:
     from trace_core.dag import parse_dag
     from trace_core.dispatcher.service import Dispatcher
     from trace_core.storage.sql import SqlRepository
+    from trace_lite.serve import load_operators
 
-    operators = OPERATORS_FACTORY()
+    # As ``serve`` loads them: in an older tree (benchmarks.compare's
+    # baseline) the registry is that tree's own class, from its own api.py.
+    operators = load_operators(OPERATORS_REF)
     repo = SqlRepository(url)
     try:
         await Dispatcher(repo, operators=operators).deploy(
@@ -159,29 +194,52 @@ def _start_server(
 ) -> tuple[subprocess.Popen[bytes], str]:
     """``trace-lite serve`` (with ``extra`` arguments) on a free port, once it
     answers; its base URL."""
-    import httpx
-
     port = _free_port()
-    root = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "TRACE_INTERNAL_TOKEN": TOKEN, "PYTHONPATH": str(root)}
     command = [sys.executable, "-m", "trace_lite.cli", "serve", "--db", url]
     command += ["--port", str(port), "--data-dir", str(data_dir), "--log-level", "warning"]
     command += ["--operators", OPERATORS_REF, *extra]
+    # /healthz answers at once; an older tree (benchmarks.compare's baseline)
+    # has none, and its /openapi.json answers when the document is built.
+    probes = ("/healthz", "/openapi.json")
+    return _launch(command, port, probes, log_file, {"TRACE_INTERNAL_TOKEN": TOKEN})
+
+
+def _start_floor(url: str, log_file: Path, connections: int) -> tuple[subprocess.Popen[bytes], str]:
+    """The floor app (:mod:`benchmarks._api_floor`) on a free port, once it answers."""
+    port = _free_port()
+    command = [sys.executable, "-m", "benchmarks._api_floor", "--db", url, "--port", str(port)]
+    command += ["--connections", str(connections)]
+    return _launch(command, port, ("/healthz",), log_file, {})
+
+
+def _launch(
+    command: list[str], port: int, probes: Sequence[str], log_file: Path, env: dict[str, str]
+) -> tuple[subprocess.Popen[bytes], str]:
+    """Start a server process of this tree; wait until a ``GET`` of one of
+    ``probes`` answers 200 (the next is asked while one answers 404)."""
+    import httpx
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, **env, "PYTHONPATH": str(root)}
     with log_file.open("wb") as out:
         server = subprocess.Popen(command, env=env, cwd=root, stdout=out, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     while True:
         if server.poll() is not None:
-            raise RuntimeError("serve exited:\n" + log_file.read_text())
+            raise RuntimeError(f"{command[2]} exited:\n" + log_file.read_text())
         try:
-            if httpx.get(f"{base}/openapi.json", timeout=5).status_code == 200:
-                return server, base
+            for probe in probes:
+                status = httpx.get(f"{base}{probe}", headers=AUTH, timeout=5).status_code
+                if status == 200:
+                    return server, base
+                if status != 404:
+                    break
         except httpx.TransportError:
             pass
         if time.monotonic() > deadline:
             server.kill()
-            raise RuntimeError("serve did not start within 60 s")
+            raise RuntimeError(f"{command[2]} did not start within 60 s")
         time.sleep(0.05)
 
 
@@ -215,127 +273,58 @@ async def _create_tasks(base: str, count: int) -> list[str]:
     return ids
 
 
-async def _internal_triple(client: Any, task_id: str, worker_id: str) -> None:
-    claim = await client.post(
-        "/internal/task-claim", json={"task_id": task_id, "worker_id": worker_id}
-    )
-    body = claim.json()
-    if body.get("status") != "Claimed":
-        raise RuntimeError(f"task {task_id} not claimed: {body}")
-    fence = {"task_id": task_id, "attempt": body["attempt"], "lease_token": body["lease_token"]}
-    beat = await client.post("/internal/heartbeat", json=fence)
-    beat.raise_for_status()
-    done = await client.post(
-        "/internal/task-complete",
-        json={**fence, "status": "Completed", "events": [], "error_message": None},
-    )
-    done.raise_for_status()
+async def _create_floor_tasks(url: str, count: int) -> list[str]:
+    """``count`` tasks of a standalone job, through the library (the floor has no trigger)."""
+    from trace_core.standalone import ensure_standalone_job
+    from trace_core.storage.protocol import NewTask
+    from trace_core.storage.sql import SqlRepository
+    from trace_core.tasks import TaskQueue
 
-
-async def _task_triple(client: Any, task_id: str, worker_id: str) -> None:
-    claim = await client.post(
-        "/internal/task-claim", json={"task_id": task_id, "worker_id": worker_id}
-    )
-    body = claim.json()
-    if body.get("status") != "Claimed":
-        raise RuntimeError(f"task {task_id} not claimed: {body}")
-    # The task-scoped routes are authorized by the capability token alone (the
-    # client's internal token is ignored there).
-    headers = {CAPABILITY_HEADER: body["task"]["capability_token"]}
-    fence = {"task_id": task_id, "attempt": body["attempt"], "lease_token": body["lease_token"]}
-    beat = await client.post("/v1/task/heartbeat", json=fence, headers=headers)
-    beat.raise_for_status()
-    done = await client.post(
-        "/v1/task/complete", json={**fence, "status": "Completed"}, headers=headers
-    )
-    done.raise_for_status()
-
-
-async def _v1_triple(client: Any, _task_id: str, worker_id: str) -> None:
-    claim = await client.post(
-        "/internal/worker/claim",
-        json={"worker_id": worker_id, "streams": [STREAM], "max_wait_ms": 5000},
-    )
-    body = claim.json()
-    if body.get("claimed") is not True:
-        raise RuntimeError(f"nothing claimed from {STREAM}: {body}")
-    held = {
-        "worker_id": worker_id,
-        "job_id": body["job_id"],
-        "attempt_id": body["attempt_id"],
-        "lease_token": body["lease_token"],
-    }
-    beat = await client.post("/internal/worker/heartbeat", json=held)
-    beat.raise_for_status()
-    report = {**held, "stream": body["stream"], "message_id": body["message_id"], "result": {}}
-    done = await client.post("/internal/worker/complete", json=report)
-    done.raise_for_status()
-
-
-_TRIPLES = {"internal": _internal_triple, "task": _task_triple, "v1": _v1_triple}
-
-
-async def _work(
-    base: str, path: str, client_kind: str, task_ids: list[str], worker_id: str
-) -> list[float]:
-    """claim -> heartbeat -> complete on ``path`` once per id (``v1`` claims
-    whichever task the stream gives); the seconds of each triple."""
-    import httpx
-
-    from benchmarks._raw_http import RawClient
-
-    triple = _TRIPLES[path]
-    timings: list[float] = []
-    connection: Any = (
-        RawClient(base, headers=AUTH)
-        if client_kind == "raw"
-        else httpx.AsyncClient(base_url=base, headers=AUTH, timeout=60)
-    )
-    async with connection as client:
-        for task_id in task_ids:
-            began = time.perf_counter()
-            await triple(client, task_id, worker_id)
-            timings.append(time.perf_counter() - began)
-    return timings
-
-
-def _worker_process(
-    base: str, path: str, client: str, task_ids: list[str], index: int, start: Any, results: Any
-) -> None:
-    """A worker OS process: wait for the start signal, run its share, report
-    timings and the CPU seconds the share took."""
-    start.wait()
-    cpu = time.process_time()
+    repo = SqlRepository(url)
     try:
-        timings = asyncio.run(_work(base, path, client, task_ids, f"bench-{index}"))
-        results.put((index, timings, time.process_time() - cpu, None))
-    except Exception as exc:  # reported to the parent, which fails the run
-        results.put((index, [], 0.0, repr(exc)))
+        job_id = await ensure_standalone_job(repo, "bench-floor", now=utcnow())
+        made = await TaskQueue(repo).create([NewTask(job_id) for _ in range(count)])
+        return [str(m.task_id) for m in made]
+    finally:
+        await repo.close()
 
 
 def _run(
     args: argparse.Namespace, dbs: Databases, run: int, path: str, scratch: Path
 ) -> dict[str, Any]:
+    log.info("run %d, path %s: a fresh database", run, path)
     url = dbs.fresh(f"api{run}{path}")
-    anyio.run(_deploy, url, path)
     name = f"{path}{run}"
-    server, base = _start_server(url, scratch / f"data{name}", scratch / f"serve{name}.log")
+    ids: list[str] = []
+    if path == FLOOR:
+        ids = anyio.run(_create_floor_tasks, url, args.tasks)
+        server, base = _start_floor(url, scratch / f"{name}.log", args.workers)
+    else:
+        anyio.run(_deploy, url, path)
+        server, base = _start_server(url, scratch / f"data{name}", scratch / f"serve{name}.log")
     try:
-        ids = anyio.run(_create_tasks, base, args.tasks)
+        log.info("run %d, path %s: server up", run, path)
+        ids = ids or anyio.run(_create_tasks, base, args.tasks)
+        log.info("run %d, path %s: %d tasks made; the workers start", run, path, len(ids))
         context = mp.get_context("spawn")
         start = context.Event()
         results = context.Queue()
+        ready = context.Queue()
+        signals = (ready, start, results)
         shares = [ids[i :: args.workers] for i in range(args.workers)]
         workers = [
             context.Process(
-                target=_worker_process,
-                args=(base, path, args.client, share, i, start, results),
+                target=worker_process,
+                args=(base, path, args.client, share, i, CAPABILITY_HEADER, signals),
             )
             for i, share in enumerate(shares)
         ]
         for worker in workers:
             worker.start()
-        time.sleep(0.5)  # let the interpreters start: setup, not synchronization of results
+        # The clock starts once every worker has started its interpreter and
+        # imported its client: on a busy machine that takes seconds.
+        for _ in workers:
+            ready.get(timeout=120)
         load = load_average()
         cpu_before = _process_cpu_s(server.pid)
         pg_before = server_cpu_s(dbs.postmaster) if dbs.postmaster else 0.0
@@ -382,8 +371,17 @@ def _run(
         "load_average": load,
         "verified": statuses == {"Completed": args.tasks},
     }
-    emit(row)
     return row
+
+
+def _against_floor(row: dict[str, Any], floor: dict[str, Any]) -> dict[str, Any]:
+    """A Trace path's row read against the floor's row of the same run."""
+    cpu = floor["server_cpu_ms_per_triple"]
+    return {
+        **row,
+        "share_of_floor": round(row["round_trips_per_s"] / floor["round_trips_per_s"], 3),
+        "cpu_over_floor": round(row["server_cpu_ms_per_triple"] / cpu, 3) if cpu else None,
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -391,10 +389,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parse(argv)
     configure_logging(args.verbose, "httpx")
     with Databases(args.engine, args.db) as dbs, tempfile.TemporaryDirectory() as scratch:
-        paths = PATHS if args.path == "all" else (args.path,)
-        rows = [
-            _run(args, dbs, run, path, Path(scratch)) for run in range(args.runs) for path in paths
-        ]
+        paths = args.paths
+        rows: list[dict[str, Any]] = []
+        for run in range(args.runs):
+            floor: dict[str, Any] | None = None
+            for path in paths:
+                row = _run(args, dbs, run, path, Path(scratch))
+                if path == FLOOR:
+                    floor = row
+                elif floor is not None:
+                    row = _against_floor(row, floor)
+                emit(row)
+                rows.append(row)
     for path in paths if args.runs > 1 else ():
         mine = [r for r in rows if r["path"] == path]
         emit(

@@ -28,32 +28,51 @@ pays for the other's dirty pages. Pairs:
     their wake-up outbox rows), once without and once with a dedupe key per
     task, against PgQueuer's ``enqueue`` with lists (batches of 1,000), the
     same number of tasks (jobs). Ratio: Trace tasks/s over PgQueuer jobs/s;
-    ``ratio_dedupe`` the same with dedupe keys.
+    ``ratio_dedupe`` the same with dedupe keys. Trace's side also measures
+    its floor (``benchmarks.enqueue --floor``: the same task rows, one bare
+    ``INSERT … SELECT unnest(…)`` per batch, no wake-up rows):
+    ``ratio_floor`` (``ratio_dedupe_floor``) is Trace's tasks/s over it.
 
-One JSON object per pair and run, then one summary per pair with the
-medians of both sides and of the per-run ratios.
+The floor pairs (:mod:`benchmarks._compare_floors`) read Trace against the
+d016d38 baseline or a floor measured in the same run, each with its issue-19
+target: ``http-baseline`` (the worker's HTTP paths against the baseline tree,
+with the HTTP floor), ``routing-floor`` and ``handoff-floor`` (per engine of
+``--engines``). Their rows carry ``figures`` and ``targets``; their summaries
+``figures_median`` and each target's median and whether it is ``met``.
+
+One JSON object per pair and run, then one summary per pair (and engine)
+with the medians of both sides and of the per-run ratios.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import contextlib
 import subprocess
 import sys
 import venv
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-import psycopg
-
-from benchmarks._common import configure_logging, emit, load_average, log, median
-from trace_core.storage.url import parse_database_url
+from benchmarks._common import checkpoint, configure_logging, emit, load_average, log, median
+from benchmarks._compare_floors import (
+    FLOOR_PAIRS,
+    BaselineTree,
+    FloorSides,
+    json_rows,
+    only_row,
+    summarize_floor_pair,
+)
 from trace_lite.pgcluster import PostgresCluster
 
 ROOT = Path(__file__).resolve().parent.parent
 PEERS = ROOT / "benchmarks" / "peers"
-PAIRS = ("postgres-drain", "sqlite-drain", "postgres-latency", "postgres-enqueue")
+PEER_PAIRS = ("postgres-drain", "sqlite-drain", "postgres-latency", "postgres-enqueue")
+PAIRS = (*PEER_PAIRS, *FLOOR_PAIRS)
+ENGINES = ("postgres", "sqlite")
+BASELINE = "d016d38"
+"""The commit issue 19 measured its HTTP figures on."""
 ENQUEUE_BATCH = 1000
 
 # Each pair's figure: what it is, its key in Trace's row, its key in the
@@ -65,9 +84,16 @@ _FIGURES = {
     "postgres-latency": ("median_ms", "median_ms", "median_ms", False),
     "postgres-enqueue": ("tasks_per_s / jobs_per_s", "tasks_per_s", "median_jobs_per_s", True),
 }
-# Further figures of Trace's row, each with its own ratio to the same peer
-# figure (``ratio_<name>``): name -> key in Trace's row.
-_EXTRA_FIGURES = {"postgres-enqueue": {"dedupe": "dedupe_tasks_per_s"}}
+# Further figures of Trace's row, each with its own ratio (``ratio_<name>``):
+# name -> (key in Trace's row, the key in Trace's row it is divided by, or
+# None for the peer's figure).
+_EXTRA_FIGURES: dict[str, dict[str, tuple[str, str | None]]] = {
+    "postgres-enqueue": {
+        "dedupe": ("dedupe_tasks_per_s", None),
+        "floor": ("tasks_per_s", "floor_tasks_per_s"),
+        "dedupe_floor": ("dedupe_tasks_per_s", "dedupe_floor_tasks_per_s"),
+    }
+}
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -77,20 +103,60 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--tasks", type=int, default=30_000, help="drain and enqueue: tasks (jobs) per run"
     )
-    p.add_argument("--samples", type=int, default=300, help="latency: samples per run")
     p.add_argument(
-        "--pairs", default=",".join(PAIRS), help=f"comma-separated subset of {', '.join(PAIRS)}"
+        "--samples", type=int, default=300, help="postgres-latency and handoff-floor: samples"
+    )
+    p.add_argument(
+        "--pairs",
+        nargs="+",
+        default=[",".join(PAIRS)],
+        help=f"pairs, comma- or space-separated, of {', '.join(PAIRS)}",
+    )
+    p.add_argument(
+        "--engines",
+        default=",".join(ENGINES),
+        help="routing-floor and handoff-floor: comma-separated engines",
+    )
+    p.add_argument("--http-tasks", type=int, default=400, help="http-baseline: tasks per path")
+    p.add_argument("--http-workers", type=int, default=4, help="http-baseline: worker processes")
+    p.add_argument(
+        "--http-paths",
+        default="internal,task,v1",
+        help="http-baseline: comma-separated paths of benchmarks.api (the floor comes with them)",
+    )
+    p.add_argument(
+        "--baseline",
+        default=BASELINE,
+        help="http-baseline: the commit the new code is read against",
+    )
+    p.add_argument(
+        "--routing-events", type=int, default=5000, help="routing-floor: distinct events"
+    )
+    p.add_argument(
+        "--db",
+        help="a Postgres server URL both sides use (default: a throwaway cluster); "
+        "its role must be allowed to CHECKPOINT",
     )
     p.add_argument("--peers-venv", type=Path, default=ROOT / ".peers-venv")
     p.add_argument("-v", "--verbose", action="store_true")
     args = p.parse_args(argv)
-    args.pair_list = [x.strip() for x in args.pairs.split(",") if x.strip()]
-    unknown = sorted(set(args.pair_list) - set(PAIRS))
-    if unknown:
-        p.error(f"--pairs: unknown {', '.join(unknown)} (choose from {', '.join(PAIRS)})")
-    if args.runs < 1 or args.tasks < 1 or args.samples < 1:
-        p.error("--runs, --tasks and --samples must be >= 1")
+    args.pair_list = _names(p, "--pairs", ",".join(args.pairs), PAIRS)
+    args.engine_list = _names(p, "--engines", args.engines, ENGINES)
+    args.http_path_list = _names(p, "--http-paths", args.http_paths, ("internal", "task", "v1"))
+    for name in ("runs", "tasks", "samples", "http_tasks", "http_workers", "routing_events"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1")
     return args
+
+
+def _names(p: argparse.ArgumentParser, option: str, given: str, known: Sequence[str]) -> list[str]:
+    """The comma-separated names of ``option``, each one of ``known``, in the given order."""
+    names = list(dict.fromkeys(x.strip() for x in given.replace(" ", ",").split(",") if x.strip()))
+    unknown = [n for n in names if n not in known]
+    if unknown or not names:
+        what = ", ".join(unknown) or "nothing given"
+        p.error(f"{option}: unknown {what} (choose from {', '.join(known)})")
+    return names
 
 
 def peers_python(venv_dir: Path) -> Path:
@@ -106,24 +172,6 @@ def peers_python(venv_dir: Path) -> Path:
     return python
 
 
-def _json_rows(command: list[str]) -> list[dict[str, Any]]:
-    """Run a benchmark command; its JSON output lines (stderr passes through)."""
-    log.info("+ %s", " ".join(command))
-    out = subprocess.run(command, cwd=ROOT, stdout=subprocess.PIPE, text=True, check=True).stdout
-    rows = []
-    for line in out.splitlines():
-        if line.startswith("{"):
-            rows.append(json.loads(line))
-    return rows
-
-
-def _only(rows: list[dict[str, Any]], **match: Any) -> dict[str, Any]:
-    found = [r for r in rows if all(r.get(k) == v for k, v in match.items())]
-    if len(found) != 1:
-        raise RuntimeError(f"expected one row with {match}, got {len(found)}: {rows}")
-    return found[0]
-
-
 class Sides:
     """The commands of both sides of every pair, on one server."""
 
@@ -134,26 +182,25 @@ class Sides:
 
     def settle(self) -> None:
         """Flush what the previous side left dirty, so neither side pays for the other's writes."""
-        with psycopg.connect(parse_database_url(self.url).conninfo(), autocommit=True) as conn:
-            conn.execute("CHECKPOINT")
+        checkpoint(self.url)
 
     def trace(self, pair: str) -> dict[str, Any]:
         queue = [sys.executable, "-m", "benchmarks.queue"]
         if pair == "postgres-drain":
             drain = ["--tasks", str(self.args.tasks), "--workers", "4", "--consumers", "1"]
-            rows = _json_rows([*queue, "--engine", "postgres", "--db", self.url, *drain])
-            return _only(rows, mode="drain")
+            rows = json_rows([*queue, "--engine", "postgres", "--db", self.url, *drain])
+            return only_row(rows, mode="drain")
         if pair == "sqlite-drain":
             drain = ["--tasks", str(self.args.tasks), "--workers", "1", "--consumers", "1"]
-            rows = _json_rows([*queue, "--engine", "sqlite", *drain, "--batch", "500"])
-            return _only(rows, mode="drain")
+            rows = json_rows([*queue, "--engine", "sqlite", *drain, "--batch", "500"])
+            return only_row(rows, mode="drain")
         if pair == "postgres-enqueue":
             return self._trace_enqueue()
         samples = ["--samples", str(self.args.samples)]
-        rows = _json_rows(
+        rows = json_rows(
             [*queue, "--engine", "postgres", "--db", self.url, "--mode", "latency", *samples]
         )
-        return _only(rows, scenario="cross-process")
+        return only_row(rows, scenario="cross-process")
 
     def _trace_enqueue(self) -> dict[str, Any]:
         """Both Trace rows of the enqueue pair (dedupe keys off, then on), the
@@ -161,33 +208,43 @@ class Sides:
         second's figure as ``dedupe_tasks_per_s``."""
         command = [sys.executable, "-m", "benchmarks.enqueue", "--engine", "postgres"]
         command += ["--db", self.url, "--tasks", str(self.args.tasks)]
-        command += ["--batch", str(ENQUEUE_BATCH)]
-        plain = _only(_json_rows(command), mode="enqueue")
+        command += ["--batch", str(ENQUEUE_BATCH), "--floor"]
+        plain_rows = json_rows(command)
         self.settle()
-        dedupe = _only(_json_rows([*command, "--dedupe-keys"]), mode="enqueue")
-        if not (plain["verified"] and dedupe["verified"]):
-            raise RuntimeError(f"enqueue not verified: {plain} {dedupe}")
-        return {**plain, "dedupe_tasks_per_s": dedupe["tasks_per_s"], "dedupe_row": dedupe}
+        dedupe_rows = json_rows([*command, "--dedupe-keys"])
+        plain, dedupe = only_row(plain_rows, mode="enqueue"), only_row(dedupe_rows, mode="enqueue")
+        floor = only_row(plain_rows, mode="enqueue-floor")
+        dedupe_floor = only_row(dedupe_rows, mode="enqueue-floor")
+        if not all(r["verified"] for r in (plain, dedupe, floor, dedupe_floor)):
+            raise RuntimeError(f"enqueue not verified: {plain_rows} {dedupe_rows}")
+        return {
+            **plain,
+            "dedupe_tasks_per_s": dedupe["tasks_per_s"],
+            "dedupe_floor_tasks_per_s": dedupe_floor["tasks_per_s"],
+            "dedupe_row": dedupe,
+            "floor_row": floor,
+            "dedupe_floor_row": dedupe_floor,
+        }
 
     def peer(self, pair: str) -> dict[str, Any]:
         if pair == "postgres-drain":
             script = [self.peers, str(PEERS / "pgqueuer_drain.py"), "--db", self.url]
             jobs = ["--jobs", str(self.args.tasks), "--workers", "4", "--runs", "1"]
-            return _only(_json_rows([*script, *jobs]), peer="pgqueuer", summary=True)
+            return only_row(json_rows([*script, *jobs]), peer="pgqueuer", summary=True)
         if pair == "sqlite-drain":
             script = [self.peers, str(PEERS / "huey_drain.py"), "--jobs", str(self.args.tasks)]
-            rows = _json_rows([*script, "--workers", "4", "--sync", "normal", "--runs", "1"])
-            return _only(rows, peer="huey", summary=True)
+            rows = json_rows([*script, "--workers", "4", "--sync", "normal", "--runs", "1"])
+            return only_row(rows, peer="huey", summary=True)
         if pair == "postgres-enqueue":
             script = [self.peers, str(PEERS / "pgqueuer_enqueue.py"), "--db", self.url]
             jobs = ["--jobs", str(self.args.tasks), "--batch", str(ENQUEUE_BATCH), "--runs", "1"]
-            row = _only(_json_rows([*script, *jobs]), peer="pgqueuer", summary=True)
+            row = only_row(json_rows([*script, *jobs]), peer="pgqueuer", summary=True)
             if not row["all_verified"]:
                 raise RuntimeError(f"PgQueuer's enqueue not verified: {row}")
             return row
         script = [self.peers, str(PEERS / "pgqueuer_latency.py"), "--db", self.url]
-        rows = _json_rows([*script, "--samples", str(self.args.samples)])
-        return _only(rows, peer="pgqueuer")
+        rows = json_rows([*script, "--samples", str(self.args.samples)])
+        return only_row(rows, peer="pgqueuer")
 
 
 def _measure(pair: str, run: int, sides: Sides) -> dict[str, Any]:
@@ -208,9 +265,13 @@ def _measure(pair: str, run: int, sides: Sides) -> dict[str, Any]:
     peer_figure = float(peer_row[peer_key])
     ratio = trace_figure / peer_figure if higher_better else peer_figure / trace_figure
     extra: dict[str, Any] = {}
-    for name, key in _EXTRA_FIGURES.get(pair, {}).items():
-        extra[f"trace_{name}"] = float(got["trace"][key])
-        extra[f"ratio_{name}"] = round(float(got["trace"][key]) / peer_figure, 3)
+    for name, (key, over) in _EXTRA_FIGURES.get(pair, {}).items():
+        # The figure that is not Trace's or the peer's main one: Trace's
+        # numerator, or the floor it is divided by.
+        shown = key if over is None else over
+        extra[_shown(name, over)] = float(got["trace"][shown])
+        base = peer_figure if over is None else float(got["trace"][over])
+        extra[f"ratio_{name}"] = round(float(got["trace"][key]) / base, 3)
     return {
         "pair": pair,
         "run": run,
@@ -226,34 +287,89 @@ def _measure(pair: str, run: int, sides: Sides) -> dict[str, Any]:
     }
 
 
+def _measure_floor_pair(pair: str, engine: str, run: int, sides: FloorSides) -> dict[str, Any]:
+    load = load_average()
+    got = sides.measure(pair, engine, run)
+    return {"pair": pair, "engine": engine, "run": run, **got, "load_average_before": load}
+
+
+def _shown(name: str, over: str | None) -> str:
+    """The row key of an extra figure: ``trace_<name>``, or the floor's own key."""
+    return f"trace_{name}" if over is None else over
+
+
+def _peer_summary(pair: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    summary = {
+        "pair": pair,
+        "summary": True,
+        "runs": len(rows),
+        "figure": rows[0]["figure"],
+        "trace_median": round(median([r["trace"] for r in rows]), 3),
+        "peer_median": round(median([r["peer"] for r in rows]), 3),
+        "ratio_median": round(median([r["ratio"] for r in rows]), 3),
+        "ratios": [r["ratio"] for r in rows],
+    }
+    for name, (_, over) in _EXTRA_FIGURES.get(pair, {}).items():
+        shown = _shown(name, over)
+        summary[f"{shown}_median"] = round(median([r[shown] for r in rows]), 3)
+        summary[f"ratio_{name}_median"] = round(median([r[f"ratio_{name}"] for r in rows]), 3)
+        summary[f"ratios_{name}"] = [r[f"ratio_{name}"] for r in rows]
+    return summary
+
+
+@contextlib.contextmanager
+def _server(db: str | None) -> Iterator[str]:
+    """The Postgres server URL both sides use: ``db``, or a throwaway cluster's."""
+    if db is not None:
+        yield db
+        return
+    with PostgresCluster() as cluster:
+        yield cluster.url("postgres")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the pairs (module docstring); the exit code."""
     args = _parse(argv)
     configure_logging(args.verbose)
-    peers = peers_python(args.peers_venv)
-    results: dict[str, list[dict[str, Any]]] = {pair: [] for pair in args.pair_list}
-    with PostgresCluster() as cluster:
-        sides = Sides(args, cluster.url("postgres"), peers)
+    peer_pairs = [p for p in args.pair_list if p in PEER_PAIRS]
+    floor_pairs = [p for p in args.pair_list if p in FLOOR_PAIRS]
+    # The peers' virtualenv is made only when a peer runs.
+    peers = peers_python(args.peers_venv) if peer_pairs else Path(sys.executable)
+    keys = [(p, "postgres") for p in peer_pairs]
+    for pair in floor_pairs:
+        engines = ["postgres"] if pair == "http-baseline" else args.engine_list
+        keys += [(pair, engine) for engine in engines]
+    results: dict[tuple[str, str], list[dict[str, Any]]] = {key: [] for key in keys}
+    with contextlib.ExitStack() as stack:
+        url = stack.enter_context(_server(args.db))
+        baseline = None
+        if "http-baseline" in floor_pairs:
+            baseline = stack.enter_context(BaselineTree(args.baseline))
+        sides = Sides(args, url, peers)
+        floors = FloorSides(
+            server_url=url,
+            settle=sides.settle,
+            http_tasks=args.http_tasks,
+            http_workers=args.http_workers,
+            http_paths=args.http_path_list,
+            routing_events=args.routing_events,
+            samples=args.samples,
+            baseline=baseline,
+        )
         for run in range(args.runs):
-            for pair in args.pair_list:
-                row = _measure(pair, run, sides)
+            for pair, engine in keys:
+                if pair in PEER_PAIRS:
+                    row = _measure(pair, run, sides)
+                else:
+                    row = _measure_floor_pair(pair, engine, run, floors)
                 emit(row)
-                results[pair].append(row)
-    for pair, rows in results.items():
-        summary = {
-            "pair": pair,
-            "summary": True,
-            "runs": len(rows),
-            "figure": rows[0]["figure"],
-            "trace_median": round(median([r["trace"] for r in rows]), 3),
-            "peer_median": round(median([r["peer"] for r in rows]), 3),
-            "ratio_median": round(median([r["ratio"] for r in rows]), 3),
-            "ratios": [r["ratio"] for r in rows],
-        }
-        for name in _EXTRA_FIGURES.get(pair, {}):
-            summary[f"trace_{name}_median"] = round(median([r[f"trace_{name}"] for r in rows]), 3)
-            summary[f"ratio_{name}_median"] = round(median([r[f"ratio_{name}"] for r in rows]), 3)
-            summary[f"ratios_{name}"] = [r[f"ratio_{name}"] for r in rows]
-        emit(summary)
+                results[(pair, engine)].append(row)
+    for (pair, engine), rows in results.items():
+        if pair in PEER_PAIRS:
+            emit(_peer_summary(pair, rows))
+        else:
+            head = {"pair": pair, "engine": engine, "summary": True, "runs": len(rows)}
+            emit({**head, **summarize_floor_pair(rows)})
     return 0
 
 

@@ -12,6 +12,13 @@ before the clock starts. The clock runs over ``create()`` calls of
 verified by reading back the task count and the task ids the outbox rows
 carry (each created task exactly once). One JSON object per run, then a
 summary with medians when ``--runs`` > 1.
+
+``--floor`` (Postgres) measures in every run, on another fresh database, the
+same task rows written bare (:mod:`benchmarks._enqueue_floor`: one
+``INSERT … SELECT unnest(…)`` per batch, no wake-up rows), after a
+``CHECKPOINT``, before or after Trace's part (alternating by run): a row with
+``mode: enqueue-floor``, and Trace's row of the run carries
+``floor_tasks_per_s`` and ``share_of_floor`` (its tasks/s over the floor's).
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ import cProfile
 import os
 import sys
 import time
+import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -30,6 +38,7 @@ import sqlalchemy as sa
 from benchmarks._common import (
     Databases,
     benchmark_parser,
+    checkpoint,
     configure_logging,
     emit,
     load_average,
@@ -39,6 +48,7 @@ from benchmarks._common import (
     summarize,
     utcnow,
 )
+from benchmarks._enqueue_floor import write_floor
 from trace_core.standalone import ensure_standalone_job
 from trace_core.storage import schema
 from trace_core.storage.protocol import NewTask, TaskCreated
@@ -47,7 +57,13 @@ from trace_core.tasks import ENQUEUE_TASK, TaskQueue
 
 __all__ = ["main"]
 
-_KEYS = ("seconds", "tasks_per_s", "client_cpu_us_per_task", "postgres_cpu_us_per_task")
+_KEYS = (
+    "seconds",
+    "tasks_per_s",
+    "client_cpu_us_per_task",
+    "postgres_cpu_us_per_task",
+    "share_of_floor",
+)
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -57,9 +73,14 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--dedupe-keys", action="store_true", help="give every task a dedupe key")
     p.add_argument("--runs", type=int, default=1, help="runs; the summary has medians")
     p.add_argument("--profile", metavar="FILE", help="cProfile the timed loop into FILE")
+    p.add_argument(
+        "--floor", action="store_true", help="Postgres: also measure the bare insert per run"
+    )
     p.add_argument("-v", "--verbose", action="store_true")
     args = p.parse_args(argv)
     require_positive(p, args, "tasks", "batch", "runs")
+    if args.floor and args.engine != "postgres":
+        p.error("--floor: the floor runs on Postgres only")
     return args
 
 
@@ -128,39 +149,81 @@ async def _run(url: str, args: argparse.Namespace, postmaster: int | None) -> di
     }
 
 
+async def _floor_job(url: str) -> uuid.UUID:
+    repo = SqlRepository(url)
+    try:
+        return await ensure_standalone_job(repo, "bench", now=utcnow())
+    finally:
+        await repo.close()
+
+
+def _measure_floor(dbs: Databases, args: argparse.Namespace, run: int) -> dict[str, Any]:
+    url = dbs.fresh(f"enqueuefloor{run}")
+    job_id = anyio.run(_floor_job, url, backend="asyncio")
+    checkpoint(url)
+    log.info("run %d: the floor, %d tasks", run, args.tasks)
+    got = write_floor(
+        url,
+        job_id,
+        tasks=args.tasks,
+        batch=args.batch,
+        dedupe_keys=args.dedupe_keys,
+        postmaster=dbs.postmaster,
+    )
+    dbs.drop(url)
+    return got
+
+
+def _measure(dbs: Databases, args: argparse.Namespace, run: int) -> dict[str, Any]:
+    url = dbs.fresh(f"enqueue{run}")
+    if args.floor:
+        checkpoint(url)
+    log.info("run %d: enqueueing %d tasks", run, args.tasks)
+    got = anyio.run(_run, url, args, dbs.postmaster, backend="asyncio")
+    dbs.drop(url)
+    return got
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parse(argv)
     configure_logging(args.verbose)
     rows: list[dict[str, Any]] = []
+    floors: list[dict[str, Any]] = []
     with Databases(args.engine, args.db) as dbs:
         for run in range(args.runs):
-            url = dbs.fresh(f"enqueue{run}")
-            log.info("run %d: enqueueing %d tasks", run, args.tasks)
-            got = anyio.run(_run, url, args, dbs.postmaster, backend="asyncio")
-            row = {
-                "engine": args.engine,
-                "mode": "enqueue",
-                "run": run,
-                "tasks": args.tasks,
-                "batch": args.batch,
-                "dedupe_keys": args.dedupe_keys,
-                **got,
-            }
+            head = {"engine": args.engine, "run": run, "tasks": args.tasks, "batch": args.batch}
+            head["dedupe_keys"] = args.dedupe_keys
+            floor: dict[str, Any] | None = None
+            if args.floor and run % 2:
+                floor = _measure_floor(dbs, args, run)
+            got = _measure(dbs, args, run)
+            if args.floor and floor is None:
+                floor = _measure_floor(dbs, args, run)
+            row = {**head, "mode": "enqueue", **got}
+            if floor is not None:
+                floors.append(
+                    {**head, "mode": "enqueue-floor", "floor_first": run % 2 == 1, **floor}
+                )
+                emit(floors[-1])
+                row["floor_tasks_per_s"] = floor["tasks_per_s"]
+                row["share_of_floor"] = round(row["tasks_per_s"] / floor["tasks_per_s"], 3)
             emit(row)
             rows.append(row)
-            dbs.drop(url)
     if args.runs > 1:
-        emit(
-            {
-                "engine": args.engine,
-                "mode": "enqueue",
-                "summary": True,
-                "runs": args.runs,
-                "dedupe_keys": args.dedupe_keys,
-                "all_verified": all(r["verified"] for r in rows),
-                **summarize(rows, _KEYS),
-            }
-        )
+        for mode, mine in (("enqueue", rows), ("enqueue-floor", floors)):
+            if not mine:
+                continue
+            emit(
+                {
+                    "engine": args.engine,
+                    "mode": mode,
+                    "summary": True,
+                    "runs": args.runs,
+                    "dedupe_keys": args.dedupe_keys,
+                    "all_verified": all(r["verified"] for r in mine),
+                    **summarize(mine, _KEYS),
+                }
+            )
     return 0
 
 

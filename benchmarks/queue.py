@@ -70,6 +70,11 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         help="claim-cost: also insert this many Completed tasks (finished rows piling up)",
     )
     p.add_argument("--samples", type=int, default=300, help="latency: samples per scenario")
+    p.add_argument(
+        "--scenarios",
+        help="latency: comma-separated scenarios to run after the floor row "
+        "(default: every one the engine supports)",
+    )
     p.add_argument("--pause", type=float, default=0.02, help="latency: seconds between enqueues")
     p.add_argument(
         "--wait-timeout",
@@ -87,6 +92,18 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     if args.depths is None:
         args.depths = "1000,100000,1000000" if args.engine == "postgres" else "1000,100000"
     args.depth_list = [int(float(d)) for d in args.depths.split(",") if d.strip()]
+    args.scenario_list = None
+    if args.scenarios is not None:
+        from benchmarks._latency import SCENARIOS
+
+        args.scenario_list = tuple(x.strip() for x in args.scenarios.split(",") if x.strip())
+        unknown = sorted(set(args.scenario_list) - set(SCENARIOS))
+        if unknown or not args.scenario_list:
+            p.error(
+                f"--scenarios: unknown {', '.join(unknown)} (choose from {', '.join(SCENARIOS)})"
+            )
+        if args.engine == "sqlite" and "cross-process" in args.scenario_list:
+            p.error("--scenarios: cross-process runs on Postgres only")
     return args
 
 
@@ -154,6 +171,7 @@ def _latency(args: argparse.Namespace, dbs: Databases) -> None:
             pause=args.pause,
             wait_timeout=args.wait_timeout,
             wakeup_outbox=not args.no_wakeup_outbox,
+            scenarios=args.scenario_list,
         ),
         emit,
     )

@@ -18,10 +18,11 @@ Dispatcher. A run also checks that the stored ``deliveries`` add up to the
 events sent (redeliveries of events being routed are counted later, by the
 router: :mod:`trace_core.dispatcher.redeliveries`).
 
-On Postgres each run is followed by its floor: the same task and
-``task_inputs`` rows written bare, by ``INSERT ... SELECT`` on the server (no
-events, no routing); ``events_per_s_ceiling`` = events / that time is what no
-routing code can pass on this machine (``--no-floor`` skips it).
+Each run is followed by its floor: the same task and ``task_inputs`` rows
+written bare, by ``INSERT ... SELECT`` in the database (no events, no
+routing); ``events_per_s_ceiling`` = events / that time is what no routing
+code can pass on this machine, and ``share_of_ceiling`` the run's share of it
+(``--no-floor`` skips it).
 
 One JSON object per run on stdout (one line each), then a summary object
 with medians; logs go to stderr. The run fails (exit status 1) unless the
@@ -84,9 +85,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         action="store_true",
         help="route while accepting, as a running Dispatcher does (default: accept, then route)",
     )
-    p.add_argument(
-        "--no-floor", action="store_true", help="Postgres: skip the floor (bare task writes)"
-    )
+    p.add_argument("--no-floor", action="store_true", help="skip the floor (bare task writes)")
     p.add_argument("--profile", metavar="FILE", help="cProfile the timed phases of run 0")
     p.add_argument(
         "--trace-sql",

@@ -45,16 +45,16 @@ def test_routing_benchmark_counts_every_task(
     assert summary["summary"] is True and summary["all_verified"] is True
     assert summary["median_events_per_s"] == run["events_per_s"]
     assert run["overlap"] is False
-    if engine == "postgres":
-        # the floor: the same task rows written bare on a fresh database
-        assert run["floor_rows_ok"] is True
-        # floor_seconds is printed to the millisecond, which on a floor of a
-        # few dozen ms moves the quotient by more than 1%: bound it by the rounding
-        low = run["events"] / (run["floor_seconds"] + 0.0005)
-        high = run["events"] / max(run["floor_seconds"] - 0.0005, 1e-9)
-        assert low - 0.05 <= run["events_per_s_ceiling"] <= high + 0.05
-    else:
-        assert "floor_seconds" not in run
+    # the floor, on both engines: the same task rows written bare on a fresh database
+    assert run["floor_rows_ok"] is True
+    # floor_seconds is printed to the millisecond, which on a floor of a
+    # few dozen ms moves the quotient by more than 1%: bound it by the rounding
+    low = run["events"] / (run["floor_seconds"] + 0.0005)
+    high = run["events"] / max(run["floor_seconds"] - 0.0005, 1e-9)
+    assert low - 0.05 <= run["events_per_s_ceiling"] <= high + 0.05
+    assert run["share_of_ceiling"] == pytest.approx(
+        run["events_per_s"] / run["events_per_s_ceiling"], abs=0.002
+    )
 
 
 def test_routing_while_accepting_counts_every_task(
