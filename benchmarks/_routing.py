@@ -21,9 +21,11 @@ is left; ``route_seconds`` is then that tail. Either way ``seconds`` runs from
 the first request to the last task written.
 
 The result is checked against the tasks table: exactly one task per distinct
-partition and dependent. On Postgres each run is followed by its floor
-(:mod:`benchmarks._routing_floor`) on another fresh database: the bare writes
-of the same task rows, whose time bounds ``events_per_s`` from above.
+partition and dependent. On Postgres each run is followed by its floors
+(:mod:`benchmarks._routing_floor`), each on another fresh database: the bare
+writes of the same task rows, whose time bounds ``events_per_s`` from above,
+and the bare writes of every row the specification requires (events,
+outcomes, tasks, ``task_inputs``, outbox rows): the true floor of routing.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import random
 import re
 import time
 import uuid
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -51,7 +53,7 @@ from benchmarks._common import (
     percentile,
     server_cpu_s,
 )
-from benchmarks._routing_floor import write_floor
+from benchmarks._routing_floor import write_floor, write_required_floor
 from trace_core.authoring.events import DatasetEvent
 from trace_core.clock import SystemClock
 from trace_core.dag import DeployResult, deploy, parse_dag
@@ -384,6 +386,31 @@ async def _floor(url: str, params: RoutingParams, postmaster: int | None) -> dic
         await repo.close()
 
 
+async def _required_floor(
+    url: str, params: RoutingParams, postmaster: int | None
+) -> dict[str, Any]:
+    """The required-rows floor (:func:`write_required_floor`) of this run's events."""
+    repo = SqlRepository(url)
+    try:
+        deployed = await _deploy(repo, params)
+        pointer = deployed.datasets[DATASET]
+        events = build_events(pointer.dataset_uuid, pointer.dataset_version, params)
+        copies = Counter(e.partition_key for e in events)
+        span = params.block_span
+        return await write_required_floor(
+            repo,
+            jobs={name: job for name, job in deployed.jobs.items() if name != SOURCE_JOB},
+            dataset=pointer.dataset_uuid,
+            version=pointer.dataset_version,
+            copies=[copies[f"{i * span}-{i * span + span - 1}"] for i in range(params.events)],
+            span=span,
+            parts=params.relay_concurrency,
+            postmaster=postmaster,
+        )
+    finally:
+        await repo.close()
+
+
 async def _touch(repo: SqlRepository) -> None:
     async with repo.read() as tx:
         await tx.connection.execute(sa.text("SELECT 1"))
@@ -461,6 +488,18 @@ def run_routing(
             "floor_rows_ok": floor["rows"] == expected,
             "events_per_s_ceiling": round(ceiling, 1),
             "share_of_ceiling": round(row["events_per_s"] / ceiling, 3),
+        }
+        required_url = dbs.fresh(f"routingrequired{run}")
+        required = anyio.run(_required_floor, required_url, params, dbs.postmaster)
+        dbs.drop(required_url)
+        required_ceiling = out["events"] / required["seconds"]
+        row |= {
+            "required_floor_seconds": round(required["seconds"], 3),
+            "required_floor_server_cpu_s": required["server_cpu_s"],
+            "required_floor_rows_ok": required["rows"] == expected
+            and required["events"] == params.events,
+            "events_per_s_required_ceiling": round(required_ceiling, 1),
+            "share_of_required_ceiling": round(row["events_per_s"] / required_ceiling, 3),
         }
     emit(row)
     if trace is not None:

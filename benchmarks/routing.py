@@ -21,7 +21,11 @@ router: :mod:`trace_core.dispatcher.redeliveries`).
 On Postgres each run is followed by its floor: the same task and
 ``task_inputs`` rows written bare, by ``INSERT ... SELECT`` on the server (no
 events, no routing); ``events_per_s_ceiling`` = events / that time is what no
-routing code can pass on this machine (``--no-floor`` skips it).
+routing code can pass on this machine. The second floor writes every row the
+specification requires (the events with their deliveries, their outcomes,
+the tasks and ``task_inputs``, the outbox rows and progress row) bare, with
+no logic: ``events_per_s_required_ceiling`` and ``share_of_required_ceiling``
+(``--no-floor`` skips both).
 
 One JSON object per run on stdout (one line each), then a summary object
 with medians; logs go to stderr. The run fails (exit status 1) unless the
@@ -56,6 +60,9 @@ _KEYS = (
     "floor_seconds",
     "events_per_s_ceiling",
     "share_of_ceiling",
+    "required_floor_seconds",
+    "events_per_s_required_ceiling",
+    "share_of_required_ceiling",
 )
 
 
@@ -84,9 +91,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         action="store_true",
         help="route while accepting, as a running Dispatcher does (default: accept, then route)",
     )
-    p.add_argument(
-        "--no-floor", action="store_true", help="Postgres: skip the floor (bare task writes)"
-    )
+    p.add_argument("--no-floor", action="store_true", help="Postgres: skip both floors")
     p.add_argument("--profile", metavar="FILE", help="cProfile the timed phases of run 0")
     p.add_argument(
         "--trace-sql",
