@@ -325,6 +325,14 @@ async def _run(
                     request_ms.append((time.perf_counter() - t0) * 1000)
                     new += result.new
                 accepted = time.perf_counter()
+                # CPU split at the end of the requests (with --overlap, the
+                # accept phase includes the routing done meanwhile)
+                accept_cpu = time.process_time() - cpu0
+                accept_server = (
+                    server_cpu_s(postmaster) - server0
+                    if postmaster is not None and server0 is not None
+                    else None
+                )
                 if params.overlap:
                     await relay.stop()
         rounds = 0
@@ -357,6 +365,8 @@ async def _run(
         "relay_rounds": rounds,
         "client_cpu_s": round(cpu, 2),
         "server_cpu_s": None if server is None else round(server, 2),
+        "accept_client_cpu_s": round(accept_cpu, 2),
+        "accept_server_cpu_s": None if accept_server is None else round(accept_server, 2),
         **counts,
     }
 
@@ -472,6 +482,8 @@ def run_routing(
         "relay_rounds": out["relay_rounds"],
         "client_cpu_s": out["client_cpu_s"],
         "server_cpu_s": out["server_cpu_s"],
+        "accept_client_cpu_s": out["accept_client_cpu_s"],
+        "accept_server_cpu_s": out["accept_server_cpu_s"],
         "wakeups": "drained" if params.drain_wakeups else "left_pending",
         "outbox": out["outbox"],
         "overlap": params.overlap,
