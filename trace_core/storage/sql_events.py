@@ -49,9 +49,13 @@ __all__ = ["SqlEventOps"]
 # c: the request's redelivered units with their copies; found: their rows;
 # free: those no transaction holds, locked in the order routing locks events;
 # bumped: the counts applied now. The rest is returned as not counted.
-COUNT_CTES = """found AS (
+COUNT_CTES = """found AS (  -- one unique-index probe per unit (never a scan of every event)
     SELECT e.id, e.dataset_version, e.unit_key, c.n
-    FROM c JOIN events e ON e.dataset_version = c.dataset_version AND e.unit_key = c.unit_key
+    FROM c CROSS JOIN LATERAL (
+        SELECT e.id, e.dataset_version, e.unit_key FROM events e
+        WHERE e.dataset_version = c.dataset_version AND e.unit_key = c.unit_key
+        OFFSET 0
+    ) AS e
 ), free AS (
     SELECT e.id FROM events e WHERE e.id IN (SELECT id FROM found)
     ORDER BY e.dataset_version, e.unit_key COLLATE "C"
