@@ -1,10 +1,11 @@
 """The events area (:mod:`trace_core.storage.ports.events`) in SQL, for both engines.
 
 Postgres and SQLite differ in three places. Storing: Postgres inserts the
-new rows from one JSON parameter and counts redeliveries without waiting for
-a routing that holds them (:data:`_COUNT_NOW`); SQLite upserts (its writers
-are serialized, nothing holds a row). Progress: Postgres merges ranges on the
-server (:data:`_FOLD`), SQLite reads, merges with
+new rows sent as columns and counts redeliveries without waiting for a
+routing that holds them (:data:`_COUNT_NOW`), and an acceptance can do all
+its writes in one statement (:mod:`~trace_core.storage.sql_events_accept`);
+SQLite upserts (its writers are serialized, nothing holds a row).
+Progress: Postgres merges ranges on the server (:data:`_FOLD`), SQLite reads, merges with
 :func:`~trace_core.ranges.merge_ranges` and writes back. The producer check
 share-locks the task row on Postgres only.
 """
@@ -33,42 +34,14 @@ from trace_core.storage.ports.events import (
     StoredEvents,
 )
 from trace_core.storage.sql_area import SqlArea, SqlStatements
+from trace_core.storage.sql_events_accept import ACCEPT_EVENTS
 from trace_core.storage.sql_events_insert import INSERT_EVENTS, insert_events_params
+from trace_core.storage.sql_events_parts import COUNT_CTES, FOLD_MERGE
 from trace_core.storage.sql_leasing import reply_accepted
 
 __all__ = ["SqlEventOps"]
 
-# Redeliveries on Postgres, counted without waiting for a routing.
-# A redelivered event only bumps its ``deliveries`` and ``last_received_at``.
-# But routing holds the row locks of the events it routes until it commits, so
-# an accept that bumped a redelivery of one of them in place would wait for
-# that whole routing (seconds under load: a producer retrying a request while
-# its first copy is routed). Instead the accept bumps at once the rows no one
-# holds (FOR UPDATE SKIP LOCKED) and returns the counts of the others, which
-# the caller leaves for the router (apply_deferred_deliveries).
-# c: the request's redelivered units with their copies; found: their rows;
-# free: those no transaction holds, locked in the order routing locks events;
-# bumped: the counts applied now. The rest is returned as not counted.
-COUNT_CTES = """found AS (  -- one unique-index probe per unit (never a scan of every event)
-    SELECT e.id, e.dataset_version, e.unit_key, c.n
-    FROM c CROSS JOIN LATERAL (
-        SELECT e.id, e.dataset_version, e.unit_key FROM events e
-        WHERE e.dataset_version = c.dataset_version AND e.unit_key = c.unit_key
-        OFFSET 0
-    ) AS e
-), free AS (
-    SELECT e.id FROM events e WHERE e.id IN (SELECT id FROM found)
-    ORDER BY e.dataset_version, e.unit_key COLLATE "C"
-    FOR UPDATE SKIP LOCKED
-), bumped AS (
-    UPDATE events SET deliveries = events.deliveries + found.n, last_received_at = :now
-    FROM found JOIN free ON free.id = found.id
-    WHERE events.id = found.id
-    RETURNING events.id
-)"""
-"""The CTEs ``found``, ``free`` and ``bumped`` of the redelivery count, over a
-CTE ``c(dataset_version, unit_key, n)`` of the redelivered units."""
-
+# Redeliveries counted at once where no routing holds them (see COUNT_CTES).
 _COUNT_NOW = sa.text(
     """
 WITH c AS (
@@ -100,27 +73,7 @@ WHERE events.id = c.id
 """
 )
 
-# One round trip: insert the row or, row-locked by ON CONFLICT, merge into it.
-# The merge is merge_ranges' in SQL: int8range(start, end, '[]') makes
-# inclusive bounds canonical ([start, end + 1)), and range_agg joins ranges
-# that overlap or touch, so the stored ranges are identical (unnest reads a
-# multirange out in ascending order). Reading the growing range list into
-# Python and writing it back cost two more round trips and ~15 ms of client
-# CPU per 500-event acceptance (its JSON both ways, the merge) once shuffled
-# partitions had left a few thousand ranges. Multiranges: PostgreSQL 14+.
-FOLD_MERGE = """ON CONFLICT (dataset_version) DO UPDATE SET
-    ranges = (
-        SELECT coalesce(jsonb_agg(jsonb_build_array(lower(r), upper(r) - 1)), '[]')
-        FROM unnest((
-            SELECT range_agg(int8range(CAST(x ->> 0 AS bigint), CAST(x ->> 1 AS bigint), '[]'))
-            FROM jsonb_array_elements(p.ranges || excluded.ranges) AS x
-        )) AS r
-    ),
-    max_cursor = greatest(p.max_cursor, excluded.max_cursor),
-    events = p.events + excluded.events,
-    updated_at = excluded.updated_at"""
-"""How a fold merges into an existing progress row (the row's alias is ``p``)."""
-
+# One version's progress: insert the row or merge into it (see FOLD_MERGE).
 _FOLD = sa.text(
     """
 INSERT INTO dataset_version_progress AS p
@@ -278,9 +231,6 @@ class SqlEventOps(SqlArea):
             raise NotImplementedError("accepting in one statement needs Postgres")
         if not events:
             return StoredEvents({}, set())
-        # imported here: sql_events_accept builds its statement from this module's parts
-        from trace_core.storage.sql_events_accept import ACCEPT_EVENTS
-
         params = {
             **insert_events_params(events, producer=producer, now=now, fold=True),
             "kind": rows.kind,

@@ -13,10 +13,10 @@ order:
 - ``ins``: the new ones inserted, in that order (``ON CONFLICT DO NOTHING``);
 - ``c``/``found``/``free``/``bumped``: the redeliveries counted at once where
   no routing holds the row, the others left for the router
-  (:data:`~trace_core.storage.sql_events.COUNT_CTES`);
+  (:data:`~trace_core.storage.sql_events_parts.COUNT_CTES`);
 - ``fold``: the new events' ranges, highest integer cursor and count merged
   into each version's progress row, versions in order
-  (:data:`~trace_core.storage.sql_events.FOLD_MERGE`);
+  (:data:`~trace_core.storage.sql_events_parts.FOLD_MERGE`);
 - ``out``: the outbox rows: the new ids in the order of the request, ``chunk``
   per row, then one row for the counts left for the router;
 - ``note``: ``pg_notify`` of the relays' channel when rows were written.
@@ -31,8 +31,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 
 from trace_core.storage import schema
-from trace_core.storage.sql_events import COUNT_CTES, FOLD_MERGE
 from trace_core.storage.sql_events_insert import INSERT_NEW_EVENTS, rows_from
+from trace_core.storage.sql_events_parts import COUNT_CTES, FOLD_MERGE
 
 __all__ = ["ACCEPT_EVENTS"]
 
