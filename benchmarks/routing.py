@@ -21,8 +21,12 @@ router: :mod:`trace_core.dispatcher.redeliveries`).
 Each run is followed by its floor: the same task and ``task_inputs`` rows
 written bare, by ``INSERT ... SELECT`` in the database (no events, no
 routing); ``events_per_s_ceiling`` = events / that time is what no routing
-code can pass on this machine, and ``share_of_ceiling`` the run's share of it
-(``--no-floor`` skips it).
+code can pass on this machine, and ``share_of_ceiling`` the run's share of it.
+On Postgres a second floor writes every row the specification requires (the
+events with their deliveries, their outcomes, the tasks and ``task_inputs``,
+the outbox rows and progress row) bare, with no logic:
+``events_per_s_required_ceiling`` and ``share_of_required_ceiling``
+(``--no-floor`` skips both).
 
 One JSON object per run on stdout (one line each), then a summary object
 with medians; logs go to stderr. The run fails (exit status 1) unless the
@@ -57,6 +61,9 @@ _KEYS = (
     "floor_seconds",
     "events_per_s_ceiling",
     "share_of_ceiling",
+    "required_floor_seconds",
+    "events_per_s_required_ceiling",
+    "share_of_required_ceiling",
 )
 
 
@@ -85,7 +92,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         action="store_true",
         help="route while accepting, as a running Dispatcher does (default: accept, then route)",
     )
-    p.add_argument("--no-floor", action="store_true", help="skip the floor (bare task writes)")
+    p.add_argument("--no-floor", action="store_true", help="skip the floors (bare writes)")
     p.add_argument("--profile", metavar="FILE", help="cProfile the timed phases of run 0")
     p.add_argument(
         "--trace-sql",

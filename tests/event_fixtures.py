@@ -7,9 +7,13 @@ job ``read`` of the same version.
 
 from __future__ import annotations
 
+import time
 import uuid
 from dataclasses import dataclass, field
 
+import sqlalchemy as sa
+
+from tests.factories import wait_until
 from trace_core.clock import ManualClock
 from trace_core.storage.ports import JobRecord, NewDagVersion, NewDataset, NewDatasetVersion
 from trace_core.storage.sql import SqlRepository
@@ -72,3 +76,22 @@ async def make_world(repo: SqlRepository, clock: ManualClock) -> World:
         await tx.deploy.insert_jobs([make, read], now=now)
     w.jobs = {"make": make.job_id, "read": read.job_id}
     return w
+
+
+async def _lock_waiters(repo: SqlRepository) -> int:
+    async with repo.read() as tx:
+        query = sa.text(
+            "SELECT count(*) FROM pg_stat_activity "
+            "WHERE wait_event_type = 'Lock' AND datname = current_database()"
+        )
+        return int((await tx.connection.execute(query)).scalar_one())
+
+
+async def wait_for_lock_waiter(repo: SqlRepository) -> None:
+    """Until a statement of the test's database waits on a lock (Postgres; 30 s at most)."""
+    await wait_until(
+        "a statement waiting on a row lock",
+        lambda: _lock_waiters(repo),
+        time.monotonic() + 30,
+        describe=lambda: "no backend waits on a lock",
+    )

@@ -55,6 +55,16 @@ def test_routing_benchmark_counts_every_task(
     assert run["share_of_ceiling"] == pytest.approx(
         run["events_per_s"] / run["events_per_s_ceiling"], abs=0.002
     )
+    if engine == "postgres":
+        # the required-rows floor: every task, input and event row, written bare
+        assert run["required_floor_rows_ok"] is True
+        assert run["required_floor_seconds"] > 0
+        assert run["share_of_required_ceiling"] == pytest.approx(
+            run["events_per_s"] / run["events_per_s_required_ceiling"], abs=0.002
+        )
+        assert summary["median_share_of_required_ceiling"] == run["share_of_required_ceiling"]
+    else:
+        assert "required_floor_seconds" not in run
 
 
 def test_routing_while_accepting_counts_every_task(
@@ -66,7 +76,7 @@ def test_routing_while_accepting_counts_every_task(
     assert run["overlap"] is True and run["verified"] is True
     assert run["tasks_created"] == EVENTS * DEPENDENTS
     assert run["deliveries"] == run["events"]
-    assert "floor_seconds" not in run
+    assert "floor_seconds" not in run and "required_floor_seconds" not in run
 
 
 def test_routing_benchmark_fails_on_a_wrong_task_count(

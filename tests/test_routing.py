@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -13,7 +12,7 @@ import anyio
 import pytest
 import sqlalchemy as sa
 
-from tests.factories import wait_until
+from tests.event_fixtures import wait_for_lock_waiter
 from trace_core.authoring.events import DatasetEvent, parse_events
 from trace_core.clock import ManualClock
 from trace_core.dag import DeployResult, deploy, parse_dag
@@ -527,24 +526,6 @@ async def _holding(repo: SqlRepository, event_id: uuid.UUID) -> AsyncIterator[Sq
         yield tx
 
 
-async def _lock_waiters(repo: SqlRepository) -> int:
-    async with repo.read() as tx:
-        query = sa.text(
-            "SELECT count(*) FROM pg_stat_activity "
-            "WHERE wait_event_type = 'Lock' AND datname = current_database()"
-        )
-        return int((await tx.connection.execute(query)).scalar_one())
-
-
-async def _wait_for_lock_waiter(repo: SqlRepository) -> None:
-    await wait_until(
-        "a statement waiting on a row lock",
-        lambda: _lock_waiters(repo),
-        time.monotonic() + 30,
-        describe=lambda: "no backend waits on a lock",
-    )
-
-
 async def _lock_nowait(tx: SqlTransaction, event_id: uuid.UUID) -> None:
     """Take ``event_id``'s row lock at once; raises if another transaction holds it."""
     e = schema.events
@@ -596,6 +577,6 @@ async def test_routing_locks_its_events_in_the_accept_order(
     second_id, first_id = await world.emit([second, first])
     async with anyio.create_task_group() as tg, _holding(repo, first_id) as accept:
         tg.start_soon(world.route_all)
-        await _wait_for_lock_waiter(repo)
+        await wait_for_lock_waiter(repo)
         await _lock_nowait(accept, second_id)
     assert len(await world.tasks_of("per_update")) == 2

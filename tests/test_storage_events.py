@@ -10,13 +10,15 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+import anyio
 import pytest
 import sqlalchemy as sa
 
-from tests.event_fixtures import World, make_world
+from tests.event_fixtures import World, make_world, wait_for_lock_waiter
 from trace_core.clock import ManualClock
 from trace_core.storage import schema
 from trace_core.storage.ports import NewEvent, ProducerAttempt, ProgressFold, VersionProgress
+from trace_core.storage.ports.events import RouteRows
 from trace_core.storage.protocol import NewTask
 from trace_core.storage.sql import SqlRepository
 
@@ -268,3 +270,153 @@ async def test_progress_is_created_then_merged(
         a2: VersionProgress((), 7),  # the higher cursor stays
     }
     assert counts == {a1: 4, a2: 2}
+
+
+# --- accepting in one statement (Postgres) -------------------------------------
+
+ROWS = RouteRows(
+    kind="route_event",
+    ids_key="event_ids",
+    chunk=2,
+    deferred_key="redeliveries",
+    at="2026-01-01T00:00:00+00:00",
+    channel="trace_outbox",
+    max_attempts=10,
+)
+
+
+def ranged(w: World, start: int, copies: int = 1, position: int = 0) -> NewEvent:
+    key = f"{start}-{start + 9}"
+    return NewEvent(
+        w.dataset,
+        w.versions["a1"],
+        f"partition:{key}",
+        None,
+        key,
+        start,
+        start + 9,
+        copies,
+        position=position,
+    )
+
+
+async def outbox_payloads(repo: SqlRepository) -> list[dict[str, Any]]:
+    o = schema.outbox
+    async with repo.read() as tx:
+        rows = await tx.connection.execute(sa.select(o.c.kind, o.c.payload).order_by(o.c.id))
+        return [{"kind": kind, **payload} for kind, payload in rows]
+
+
+async def test_one_statement_stores_counts_folds_and_writes_the_route_rows(
+    repo: SqlRepository, clock: ManualClock, world: World, engine: str
+) -> None:
+    """The rows of store_events + advance_progress + the outbox rows, at once;
+    SQLite has no such statement (its acceptance takes the generic path)."""
+    if engine != "postgres":
+        async with repo.transaction() as tx:
+            assert tx.events.accepts_in_one_statement is False
+            with pytest.raises(NotImplementedError):
+                await tx.events.accept_in_one_statement(
+                    [ranged(world, 0)], producer=None, now=clock.now(), rows=ROWS
+                )
+        return
+    async with repo.transaction() as tx:
+        before = await tx.events.store_events([ranged(world, 0)], producer=None, now=clock.now())
+        await tx.events.advance_progress(
+            [ProgressFold(world.versions["a1"], world.dataset, [(0, 9)], 4, 1)], now=clock.now()
+        )
+    a1, a2 = world.versions["a1"], world.versions["a2"]
+    events = [  # key order; positions say where each stood in the request
+        ranged(world, 0, copies=2, position=3),  # stored before: counted
+        ranged(world, 10, position=2),
+        ranged(world, 30, copies=2, position=0),
+        ranged(world, 50, position=1),
+        NewEvent(world.dataset, a2, "cursor:9", "9", None, None, None, 1, 4, int_cursor=9),
+    ]
+    async with repo.transaction() as tx:
+        done = await tx.events.accept_in_one_statement(
+            events, producer=None, now=clock.now(), rows=ROWS
+        )
+        assert "trace_outbox" in tx.channels & tx.notified  # notified by the statement
+    old = before.ids[(a1, "partition:0-9")]
+    new = {e.unit_key: done.ids[(e.dataset_version, e.unit_key)] for e in events}
+    assert new["partition:0-9"] == old and done.later == {}
+    assert done.fresh == set(new.values()) - {old}
+    assert (await stored(repo, old))["deliveries"] == 3
+    assert (await stored(repo, new["partition:30-39"]))["deliveries"] == 2
+    async with repo.read() as tx:
+        progress = await tx.registry.dataset_version_progress([a1, a2])
+    assert progress == {
+        a1: VersionProgress(((0, 19), (30, 39), (50, 59)), 4),
+        a2: VersionProgress((), 9),
+    }
+    in_order = [
+        new[k] for k in ("partition:30-39", "partition:50-59", "partition:10-19", "cursor:9")
+    ]
+    assert await outbox_payloads(repo) == [
+        {"kind": "route_event", "event_ids": [str(i) for i in in_order[:2]]},
+        {"kind": "route_event", "event_ids": [str(i) for i in in_order[2:]]},
+    ]
+
+
+async def test_one_statement_leaves_a_held_redelivery_in_its_deferred_row(
+    repo: SqlRepository, clock: ManualClock, world: World, engine: str
+) -> None:
+    if engine != "postgres":
+        pytest.skip("SQLite has no one-statement acceptance (and no row is ever held)")
+    async with repo.transaction() as tx:
+        first = await tx.events.store_events([ranged(world, 0)], producer=None, now=clock.now())
+    event_id = first.ids[(world.versions["a1"], "partition:0-9")]
+    async with repo.transaction() as router:
+        await router.routing.lock_pending_events([event_id])
+        async with repo.transaction() as tx:  # does not wait for the router
+            done = await tx.events.accept_in_one_statement(
+                [ranged(world, 0, copies=2)], producer=None, now=clock.now(), rows=ROWS
+            )
+    assert done.ids == {(world.versions["a1"], "partition:0-9"): event_id}
+    assert done.fresh == set() and done.later == {}  # the statement wrote the row itself
+    assert (await stored(repo, event_id))["deliveries"] == 1
+    assert await outbox_payloads(repo) == [
+        {"kind": "route_event", "redeliveries": [[str(event_id), 2]], "at": ROWS.at}
+    ]
+
+
+async def test_a_unit_stored_while_the_statement_ran_is_counted_after_it(
+    repo: SqlRepository, clock: ManualClock, world: World, engine: str
+) -> None:
+    """The statement sees the rows committed before it began: a unit another
+    acceptance commits while the statement waits for it is counted after."""
+    if engine != "postgres":
+        pytest.skip("SQLite serializes write transactions: no acceptance runs meanwhile")
+    key = (world.versions["a1"], "partition:0-9")
+    result: dict[str, Any] = {}
+    inserted, release = anyio.Event(), anyio.Event()
+
+    async def other() -> None:
+        async with repo.transaction() as tx:
+            result["first"] = await tx.events.store_events(
+                [ranged(world, 0)], producer=None, now=clock.now()
+            )
+            inserted.set()
+            await release.wait()  # commits when released
+
+    async def accept() -> None:
+        async with repo.transaction() as tx:
+            result["done"] = await tx.events.accept_in_one_statement(
+                [ranged(world, 0, copies=2), ranged(world, 10)],
+                producer=None,
+                now=clock.now(),
+                rows=ROWS,
+            )
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(other)
+        await inserted.wait()
+        tg.start_soon(accept)
+        await wait_for_lock_waiter(repo)  # the statement waits for the other insert of 0-9
+        release.set()  # the unit is stored, after the statement began
+    first = result["first"]
+    done = result["done"]
+    assert done.ids[key] == first.ids[key] and first.ids[key] not in done.fresh
+    assert len(done.fresh) == 1 and done.later == {}
+    assert (await stored(repo, first.ids[key]))["deliveries"] == 3  # 1 + 2, none lost

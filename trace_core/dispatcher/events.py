@@ -7,8 +7,9 @@ redelivery only bumps its ``deliveries`` count; on Postgres, for an event
 being routed, the router applies it later:
 :mod:`~trace_core.dispatcher.redeliveries`), advances the version's coverage,
 and writes one ``route_event`` outbox row for the new ones, all in the
-caller's transaction. Routing happens after commit, from the outbox, so a
-crash between the two loses nothing.
+caller's transaction (on Postgres, after the producer check, as one
+statement: :mod:`~trace_core.storage.sql_events_accept`). Routing happens
+after commit, from the outbox, so a crash between the two loses nothing.
 
 Events from a task are fenced: only the task's current attempt may emit,
 while it runs, and only for datasets its job produces. A late reply of the
@@ -28,11 +29,11 @@ from datetime import datetime
 from trace_core.authoring.events import AcceptResult, DatasetEvent
 from trace_core.clock import Clock, SystemClock
 from trace_core.dispatcher.coverage import record_coverage
-from trace_core.dispatcher.redeliveries import deferred_payload
+from trace_core.dispatcher.redeliveries import REDELIVERIES, deferred_at, deferred_payload
 from trace_core.errors import InvalidInput, InvalidTransition, StaleClaim
 from trace_core.model import TASKS
-from trace_core.outbox import write_outbox
-from trace_core.storage.ports.events import NewEvent, ProducerAttempt
+from trace_core.outbox import OUTBOX_CHANNEL, write_outbox
+from trace_core.storage.ports.events import NewEvent, ProducerAttempt, RouteRows
 from trace_core.storage.protocol import NewOutboxRow, Repository, Transaction, within
 from trace_core.storage.sql_errors import translate_errors
 
@@ -95,6 +96,9 @@ class EventGateway:
                 )
                 _check_producer(found, producer, events)
             _check_versions(owners, events)
+            if t.events.accepts_in_one_statement:
+                ids, fresh = await _accept_in_one_statement(t, events, producer, now)
+                return AcceptResult(ids, len(fresh), len(events) - len(fresh))
             ids, fresh, later = await _store_events(t, events, producer, now)
             first = {i: e for e, i in reversed(list(zip(events, ids, strict=True)))}
             await record_coverage(t, [first[i] for i in fresh], now=now)
@@ -157,6 +161,39 @@ def _check_versions(owner: Mapping[uuid.UUID, uuid.UUID], events: Sequence[Datas
             )
 
 
+def _new_events(events: Sequence[DatasetEvent]) -> list[NewEvent]:
+    """The request's distinct units with their copies, in unique-key order."""
+    unique: dict[tuple[uuid.UUID, str], tuple[int, DatasetEvent]] = {}
+    copies: dict[tuple[uuid.UUID, str], int] = {}
+    for position, event in enumerate(events):
+        key = (event.dataset_version, event.unit_key)
+        unique.setdefault(key, (position, event))
+        copies[key] = copies.get(key, 0) + 1
+    return [
+        NewEvent(
+            dataset_uuid=ev.dataset_uuid,
+            dataset_version=ev.dataset_version,
+            unit_key=ev.unit_key,
+            cursor=None if ev.cursor is None else str(ev.cursor),
+            partition_key=ev.partition_key,
+            start=ev.start,
+            end=ev.end,
+            copies=copies[key],
+            position=position,
+            # coverage's max_cursor counts integer cursors only (record_coverage)
+            int_cursor=ev.cursor if isinstance(ev.cursor, int) else None,
+        )
+        # In unique-key order, the order routing locks events in
+        # (``RoutingOps.lock_pending_events``): accepts inserting the same
+        # new units wait for each other in one order instead of deadlocking.
+        for key, (position, ev) in sorted(unique.items(), key=lambda item: item[0])
+    ]
+
+
+def _producer_key(producer: Producer | None) -> tuple[uuid.UUID, int] | None:
+    return None if producer is None else (producer.task_id, producer.attempt)
+
+
 async def _store_events(
     tx: Transaction,
     events: Sequence[DatasetEvent],
@@ -165,31 +202,38 @@ async def _store_events(
 ) -> tuple[list[uuid.UUID], set[uuid.UUID], dict[uuid.UUID, int]]:
     """Insert new events, count redeliveries; the id of each, the new ids and
     the redelivery counts left for the router (Postgres, events being routed)."""
-    unique: dict[tuple[uuid.UUID, str], DatasetEvent] = {}
-    copies: dict[tuple[uuid.UUID, str], int] = {}
-    for event in events:
-        key = (event.dataset_version, event.unit_key)
-        unique.setdefault(key, event)
-        copies[key] = copies.get(key, 0) + 1
     stored = await tx.events.store_events(
-        [
-            NewEvent(
-                dataset_uuid=ev.dataset_uuid,
-                dataset_version=ev.dataset_version,
-                unit_key=ev.unit_key,
-                cursor=None if ev.cursor is None else str(ev.cursor),
-                partition_key=ev.partition_key,
-                start=ev.start,
-                end=ev.end,
-                copies=copies[key],
-            )
-            # In unique-key order, the order routing locks events in
-            # (``RoutingOps.lock_pending_events``): accepts inserting the same
-            # new units wait for each other in one order instead of deadlocking.
-            for key, ev in sorted(unique.items())
-        ],
-        producer=None if producer is None else (producer.task_id, producer.attempt),
-        now=now,
+        _new_events(events), producer=_producer_key(producer), now=now
     )
     ids = [stored.ids[(ev.dataset_version, ev.unit_key)] for ev in events]
     return ids, stored.fresh, stored.later
+
+
+async def _accept_in_one_statement(
+    tx: Transaction,
+    events: Sequence[DatasetEvent],
+    producer: Producer | None,
+    now: datetime,
+) -> tuple[list[uuid.UUID], set[uuid.UUID]]:
+    """Postgres: store, count, fold and write the outbox rows in one statement
+    (the same rows as the generic path); the id of each event and the new ids."""
+    stored = await tx.events.accept_in_one_statement(
+        _new_events(events),
+        producer=_producer_key(producer),
+        now=now,
+        rows=RouteRows(
+            kind=ROUTE_EVENT,
+            ids_key="event_ids",
+            chunk=_ROUTE_CHUNK,
+            deferred_key=REDELIVERIES,
+            at=deferred_at(now),
+            channel=OUTBOX_CHANNEL,
+            max_attempts=NewOutboxRow.max_attempts,
+        ),
+    )
+    if stored.later:  # units another acceptance stored meanwhile, held by a routing
+        await write_outbox(
+            tx, [NewOutboxRow(ROUTE_EVENT, deferred_payload(stored.later, now))], now
+        )
+    ids = [stored.ids[(ev.dataset_version, ev.unit_key)] for ev in events]
+    return ids, stored.fresh

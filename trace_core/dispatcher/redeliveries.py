@@ -22,7 +22,7 @@ from typing import Any
 
 from trace_core.storage.protocol import Transaction
 
-__all__ = ["REDELIVERIES", "apply_redeliveries", "deferred_payload"]
+__all__ = ["REDELIVERIES", "apply_redeliveries", "deferred_at", "deferred_payload"]
 
 REDELIVERIES = "redeliveries"
 """Key of a ``route_event`` payload that carries deferred counts, not events to route."""
@@ -30,7 +30,12 @@ REDELIVERIES = "redeliveries"
 
 def deferred_payload(later: Mapping[uuid.UUID, int], now: datetime) -> dict[str, Any]:
     """The ``route_event`` payload that carries the counts an accept left."""
-    return {REDELIVERIES: [[str(i), n] for i, n in sorted(later.items())], "at": now.isoformat()}
+    return {REDELIVERIES: [[str(i), n] for i, n in sorted(later.items())], "at": deferred_at(now)}
+
+
+def deferred_at(now: datetime) -> str:
+    """The ``at`` of a :func:`deferred_payload` made at ``now``."""
+    return now.isoformat()
 
 
 async def apply_redeliveries(tx: Transaction, payload: Mapping[str, Any]) -> None:

@@ -1,10 +1,11 @@
 """The events area (:mod:`trace_core.storage.ports.events`) in SQL, for both engines.
 
 Postgres and SQLite differ in three places. Storing: Postgres inserts the
-new rows from one JSON parameter and counts redeliveries without waiting for
-a routing that holds them (:data:`_COUNT_NOW`); SQLite upserts (its writers
-are serialized, nothing holds a row). Progress: Postgres merges ranges on the
-server (:data:`_FOLD`), SQLite reads, merges with
+new rows sent as columns and counts redeliveries without waiting for a
+routing that holds them (:data:`_COUNT_NOW`), and an acceptance can do all
+its writes in one statement (:mod:`~trace_core.storage.sql_events_accept`);
+SQLite upserts (its writers are serialized, nothing holds a row).
+Progress: Postgres merges ranges on the server (:data:`_FOLD`), SQLite reads, merges with
 :func:`~trace_core.ranges.merge_ranges` and writes back. The producer check
 share-locks the task row on Postgres only.
 """
@@ -15,7 +16,7 @@ import json
 import uuid
 from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
@@ -29,43 +30,26 @@ from trace_core.storage.ports.events import (
     NewEvent,
     ProducerAttempt,
     ProgressFold,
+    RouteRows,
     StoredEvents,
 )
-from trace_core.storage.sql_area import SqlArea
+from trace_core.storage.sql_area import SqlArea, SqlStatements
+from trace_core.storage.sql_events_accept import ACCEPT_EVENTS
 from trace_core.storage.sql_events_insert import INSERT_EVENTS, insert_events_params
+from trace_core.storage.sql_events_parts import COUNT_CTES, FOLD_MERGE
 from trace_core.storage.sql_leasing import reply_accepted
 
 __all__ = ["SqlEventOps"]
 
-# Redeliveries on Postgres, counted without waiting for a routing.
-# A redelivered event only bumps its ``deliveries`` and ``last_received_at``.
-# But routing holds the row locks of the events it routes until it commits, so
-# an accept that bumped a redelivery of one of them in place would wait for
-# that whole routing (seconds under load: a producer retrying a request while
-# its first copy is routed). Instead the accept bumps at once the rows no one
-# holds (FOR UPDATE SKIP LOCKED) and returns the counts of the others, which
-# the caller leaves for the router (apply_deferred_deliveries).
-# c: the request's redelivered units with their copies; found: their rows;
-# free: those no transaction holds, locked in the order routing locks events;
-# bumped: the counts applied now. The rest is returned as not counted.
+# Redeliveries counted at once where no routing holds them (see COUNT_CTES).
 _COUNT_NOW = sa.text(
     """
 WITH c AS (
     SELECT * FROM jsonb_to_recordset(CAST(:rows AS jsonb))
         AS c(dataset_version uuid, unit_key text, n integer)
-), found AS (
-    SELECT e.id, e.dataset_version, e.unit_key, c.n
-    FROM c JOIN events e ON e.dataset_version = c.dataset_version AND e.unit_key = c.unit_key
-), free AS (
-    SELECT e.id FROM events e WHERE e.id IN (SELECT id FROM found)
-    ORDER BY e.dataset_version, e.unit_key COLLATE "C"
-    FOR UPDATE SKIP LOCKED
-), bumped AS (
-    UPDATE events SET deliveries = events.deliveries + found.n, last_received_at = :now
-    FROM found JOIN free ON free.id = found.id
-    WHERE events.id = found.id
-    RETURNING events.id
-)
+), """
+    + COUNT_CTES
+    + """
 SELECT found.id, found.dataset_version, found.unit_key, found.n, bumped.id IS NOT NULL
 FROM found LEFT JOIN bumped ON bumped.id = found.id
 """
@@ -89,32 +73,15 @@ WHERE events.id = c.id
 """
 )
 
-# One round trip: insert the row or, row-locked by ON CONFLICT, merge into it.
-# The merge is merge_ranges' in SQL: int8range(start, end, '[]') makes
-# inclusive bounds canonical ([start, end + 1)), and range_agg joins ranges
-# that overlap or touch, so the stored ranges are identical (unnest reads a
-# multirange out in ascending order). Reading the growing range list into
-# Python and writing it back cost two more round trips and ~15 ms of client
-# CPU per 500-event acceptance (its JSON both ways, the merge) once shuffled
-# partitions had left a few thousand ranges. Multiranges: PostgreSQL 14+.
+# One version's progress: insert the row or merge into it (see FOLD_MERGE).
 _FOLD = sa.text(
     """
 INSERT INTO dataset_version_progress AS p
        (dataset_version, dataset_uuid, ranges, max_cursor, events, updated_at)
 VALUES (:version, :dataset_uuid, CAST(:ranges AS jsonb), CAST(:max_cursor AS bigint), :events,
         :now)
-ON CONFLICT (dataset_version) DO UPDATE SET
-    ranges = (
-        SELECT coalesce(jsonb_agg(jsonb_build_array(lower(r), upper(r) - 1)), '[]')
-        FROM unnest((
-            SELECT range_agg(int8range(CAST(x ->> 0 AS bigint), CAST(x ->> 1 AS bigint), '[]'))
-            FROM jsonb_array_elements(p.ranges || excluded.ranges) AS x
-        )) AS r
-    ),
-    max_cursor = greatest(p.max_cursor, excluded.max_cursor),
-    events = p.events + excluded.events,
-    updated_at = excluded.updated_at
 """
+    + FOLD_MERGE
 )
 
 
@@ -125,8 +92,22 @@ def _producer(row: Sequence[Any]) -> ProducerAttempt:
     )
 
 
+class _EventStatements(SqlStatements, Protocol):
+    """What accepting needs of its transaction besides statements
+    (:class:`~trace_core.storage.sql.SqlTransaction` has it)."""
+
+    channels: set[str]
+    """Channels to wake after commit."""
+    notified: set[str]
+    """Channels a statement notified itself (none is notified again at commit)."""
+
+
 class SqlEventOps(SqlArea):
     """:class:`~trace_core.storage.ports.events.EventOps` on a SQL transaction."""
+
+    def __init__(self, tx: _EventStatements) -> None:
+        super().__init__(tx)
+        self._sql = tx  # its notification bookkeeping
 
     def _producer_query(self, task_id: uuid.UUID) -> sa.Select[Any]:
         t, j = schema.tasks, schema.jobs
@@ -234,6 +215,82 @@ class SqlEventOps(SqlArea):
                 fresh.add(row_id)
         return StoredEvents(ids, fresh)
 
+    @property
+    def accepts_in_one_statement(self) -> bool:
+        return self.engine_name == "postgres"
+
+    async def accept_in_one_statement(
+        self,
+        events: Sequence[NewEvent],
+        *,
+        producer: tuple[uuid.UUID, int] | None,
+        now: datetime,
+        rows: RouteRows,
+    ) -> StoredEvents:
+        if not self.accepts_in_one_statement:
+            raise NotImplementedError("accepting in one statement needs Postgres")
+        if not events:
+            return StoredEvents({}, set())
+        params = {
+            **insert_events_params(events, producer=producer, now=now, fold=True),
+            "kind": rows.kind,
+            "ids_key": rows.ids_key,
+            "chunk": rows.chunk,
+            "deferred_key": rows.deferred_key,
+            "at": rows.at,
+            "max_attempts": rows.max_attempts,
+            "channel": rows.channel,
+        }
+        ids: dict[EventKey, uuid.UUID] = {}
+        fresh: set[uuid.UUID] = set()
+        unseen: list[NewEvent] = []
+        notified = False
+        answered = await self._fixed_rows("accept events", ACCEPT_EVENTS, params)
+        for event, (_, _, inserted, stored, _, note) in zip(events, answered, strict=True):
+            notified = notified or bool(note)
+            key = (event.dataset_version, event.unit_key)
+            if inserted is not None:
+                ids[key] = inserted
+                fresh.add(inserted)
+            elif stored is not None:
+                ids[key] = stored  # counted now, or in the statement's deferred row
+            else:
+                unseen.append(event)
+        if notified:
+            # the statement notified the relays itself: no second pg_notify at
+            # commit, but in-process listeners are woken after it all the same
+            self._sql.channels.add(rows.channel)
+            self._sql.notified.add(rows.channel)
+        later: dict[uuid.UUID, int] = {}
+        if unseen:
+            # stored by another acceptance after the statement began: count them
+            # as store_events does (they are not new here)
+            counted = await self._count_redeliveries(
+                {(ev.dataset_version, ev.unit_key): ev.copies for ev in unseen}, now
+            )
+            for key, (event_id, deferred) in counted.items():
+                ids[key] = event_id
+                if deferred:
+                    later[event_id] = deferred
+        return StoredEvents(ids, fresh, later)
+
+    async def _count_redeliveries(
+        self, copies: Mapping[EventKey, int], now: datetime
+    ) -> dict[EventKey, tuple[uuid.UUID, int]]:
+        """:data:`_COUNT_NOW` for stored units: key -> (id, copies left for
+        the router, 0 if counted now)."""
+        stored = [
+            {"dataset_version": version.hex, "unit_key": unit_key, "n": n}
+            for (version, unit_key), n in copies.items()
+        ]
+        params = {"rows": records_param(stored), "now": now}
+        return {
+            (version, unit_key): (event_id, 0 if counted else int(n))
+            for event_id, version, unit_key, n, counted in await self._rows(
+                "count redeliveries", _COUNT_NOW, params
+            )
+        }
+
     async def _store_events_pg(
         self,
         events: Sequence[NewEvent],
@@ -251,19 +308,12 @@ class SqlEventOps(SqlArea):
         }
         fresh = set(ids.values())
         later: dict[uuid.UUID, int] = {}
-        stored = [
-            {"dataset_version": version.hex, "unit_key": unit_key, "n": n}
-            for (version, unit_key), n in copies.items()
-            if (version, unit_key) not in ids
-        ]
+        stored = {key: n for key, n in copies.items() if key not in ids}
         if stored:
-            params = {"rows": records_param(stored), "now": now}
-            for event_id, version, unit_key, n, counted in await self._rows(
-                "count redeliveries", _COUNT_NOW, params
-            ):
-                ids[(version, unit_key)] = event_id
-                if not counted:
-                    later[event_id] = n
+            for key, (event_id, deferred) in (await self._count_redeliveries(stored, now)).items():
+                ids[key] = event_id
+                if deferred:
+                    later[event_id] = deferred
         return StoredEvents(ids, fresh, later)
 
     async def apply_deferred_deliveries(

@@ -24,6 +24,7 @@ __all__ = [
     "NewEvent",
     "ProducerAttempt",
     "ProgressFold",
+    "RouteRows",
     "StoredEvents",
 ]
 
@@ -57,6 +58,11 @@ class NewEvent:
     end: int | None
     copies: int
     """How many copies of this unit the request carried (its deliveries)."""
+    position: int = 0
+    """Where the unit's first copy stands in the request (orders the ids of
+    :meth:`EventOps.accept_in_one_statement`'s outbox rows)."""
+    int_cursor: int | None = None
+    """The cursor when the producer sent an integer (it advances ``max_cursor``)."""
 
 
 @dataclass(frozen=True)
@@ -85,6 +91,23 @@ class ProgressFold:
     """The highest integer cursor, if any."""
     events: int
     """New events counted."""
+
+
+@dataclass(frozen=True)
+class RouteRows:
+    """The outbox rows :meth:`EventOps.accept_in_one_statement` writes: the
+    ids of the new events, ``chunk`` per row, as ``{ids_key: [...]}``, then
+    (when some redelivery counts were left for later) one row
+    ``{deferred_key: [[id, copies], ...] (by id), "at": at}``; all of kind
+    ``kind`` with ``max_attempts``, ``channel`` notified at commit."""
+
+    kind: str
+    ids_key: str
+    chunk: int
+    deferred_key: str
+    at: str
+    channel: str
+    max_attempts: int
 
 
 class EventOps(Protocol):
@@ -148,5 +171,30 @@ class EventOps(Protocol):
         The stored ranges become the merge of the stored and the new ones
         (touching ranges join), the cursor the higher one, the event count
         the sum; ``updated_at`` is ``now``.
+        """
+        ...
+
+    @property
+    def accepts_in_one_statement(self) -> bool:
+        """Whether :meth:`accept_in_one_statement` is available (Postgres)."""
+        ...
+
+    async def accept_in_one_statement(
+        self,
+        events: Sequence[NewEvent],
+        *,
+        producer: tuple[uuid.UUID, int] | None,
+        now: datetime,
+        rows: RouteRows,
+    ) -> StoredEvents:
+        """:meth:`store_events`, :meth:`advance_progress` for the new events
+        (by version: merged ranges, the highest ``int_cursor``, their count)
+        and the outbox rows of ``rows``, as one statement.
+
+        ``later`` of the answer holds only the counts the statement could not
+        see (a unit another transaction stored after the statement began):
+        the caller leaves them for the router as :meth:`store_events`'s.
+        Raises ``NotImplementedError`` where :attr:`accepts_in_one_statement`
+        is false.
         """
         ...
