@@ -223,10 +223,15 @@ class LeaseQueue:
         *,
         values: Mapping[str, Any] | None = None,
         tx: Transaction | None = None,
+        attempt_result: Mapping[str, Any] | None = None,
     ) -> None:
-        """Fenced success. Raises :class:`StaleClaim` or :class:`InvalidTransition`."""
+        """Fenced success. Raises :class:`StaleClaim` or :class:`InvalidTransition`.
+
+        ``attempt_result`` (tasks): kept on the attempt's record by the same write."""
         q = self.queue
-        await self._transition(fence, q.lifecycle.sources_of(q.done), q.done, values, tx)
+        await self._transition(
+            fence, q.lifecycle.sources_of(q.done), q.done, values, tx, attempt_result
+        )
 
     async def complete_many(
         self, fences: Sequence[Fence], *, tx: Transaction | None = None
@@ -487,6 +492,7 @@ class LeaseQueue:
         target: str,
         values: Mapping[str, Any] | None,
         tx: Transaction | None,
+        attempt_result: Mapping[str, Any] | None = None,
     ) -> None:
         # One fenced UPDATE, atomic by itself; the read that explains a miss
         # needs no transaction around it.
@@ -498,6 +504,7 @@ class LeaseQueue:
                 target=target,
                 now=self.clock.now(),
                 values=values,
+                attempt_result=attempt_result,
             )
             if not ok:
                 await self._explain(t, fence, target)

@@ -219,14 +219,16 @@ class TaskQueue:
         *,
         outputs: Sequence[Mapping[str, Any]] | None = None,
         tx: Transaction | None = None,
+        result: Mapping[str, Any] | None = None,
     ) -> None:
         """Mark the current attempt completed (a late reply included).
 
         Accepted while the task is Running, or after a timeout mark as long as
         no newer attempt has been claimed; rejected as stale otherwise.
+        ``result`` is kept on the attempt's record by the same write.
         """
         values = {"outputs": list(outputs)} if outputs is not None else None
-        await self.leases.complete(fence, values=values, tx=tx)
+        await self.leases.complete(fence, values=values, tx=tx, attempt_result=result)
 
     async def complete_many(self, fences: Sequence[Fence]) -> set[Any]:
         """Complete many attempts in one statement; the ids that were current."""

@@ -302,13 +302,13 @@ class TaskControl:
         result: Mapping[str, Any] | None = None,
     ) -> AcceptResult:
         """Accept the final events and complete the attempt, atomically (without
-        events and ``result`` the completion is one fenced statement).
+        events the completion is one fenced statement).
 
         ``result`` (artifact pointers, timings, outputs ...) is kept on the
-        attempt's record, in the transaction of the completion.
+        attempt's record, by the completion's own write.
         """
-        if not events and result is None and not carries_lineage(outputs):
-            await self.tasks.complete(fence, outputs=outputs)
+        if not events and not carries_lineage(outputs):
+            await self.tasks.complete(fence, outputs=outputs, result=result)
             accepted = AcceptResult([], 0, 0)
         else:
             async with self.repo.transaction() as tx:
@@ -320,11 +320,7 @@ class TaskControl:
                     accepted = AcceptResult([], 0, 0)
                 # column lineage reported in outputs[i]["lineage"] commits with the output
                 outputs = await record_output_lineage(tx, _task_id(fence), outputs)
-                await self.tasks.complete(fence, outputs=outputs, tx=tx)
-                if result is not None:
-                    await tx.attempts.set_result_if_ended(
-                        _task_id(fence), fence.attempt, status="Completed", result=result
-                    )
+                await self.tasks.complete(fence, outputs=outputs, tx=tx, result=result)
         await self._released(fence)
         return accepted
 

@@ -315,13 +315,16 @@ class Transaction(Protocol):
         target: str,
         now: datetime,
         values: Mapping[str, Any] | None = None,
+        attempt_result: Mapping[str, Any] | None = None,
     ) -> bool:
         """Fenced move from one of ``sources`` to ``target``; False if nothing matched.
 
         ``values`` names columns to set, or the roles ``error`` (the queue's
         error column), ``ready_at`` (its availability gate, ignored where there
         is none) and ``refund_attempt`` (True: the claim being undone spends no
-        attempt).
+        attempt). ``attempt_result`` (tasks): the result the attempt's record is
+        closed with, written by the same statement as the task row (Postgres)
+        or in the same step (SQLite); ``None`` keeps the record's.
         """
         ...
 

@@ -458,6 +458,7 @@ class SqlTransaction:
         target: str,
         now: datetime,
         values: Mapping[str, Any] | None = None,
+        attempt_result: Mapping[str, Any] | None = None,
     ) -> bool:
         if not fence_storable(fence):
             return False  # no row holds such a fence: stale
@@ -472,13 +473,16 @@ class SqlTransaction:
             with translate_errors(f"{queue.name} -> {target}"):
                 return bool(await self._fetch(stmt, params))
         # The attempt ends: its record is closed with the task row.
-        ending = closing_params(_ATTEMPT_END.get(target, "Failed"), now, None)
+        ending = closing_params(_ATTEMPT_END.get(target, "Failed"), now, None, attempt_result)
         with translate_errors(f"{queue.name} -> {target}"):
             if self.engine_name == "postgres":
                 return bool(await self._fetch(_closing(stmt), params | ending))
             # SQLite: the attempt's record closes in the same hop as the task row.
             close_record = self.attempts.closing(
-                [(_uuid(fence.item_id), fence.attempt)], status=ending["a_status"], now=now
+                [(_uuid(fence.item_id), fence.attempt)],
+                status=ending["a_status"],
+                now=now,
+                result=attempt_result,
             )
             ended = await self._execute_then(
                 stmt, params, lambda rows: close_record if rows else None
@@ -1127,6 +1131,9 @@ class SqlRepository:
 
             self._listener = PgListener(self.url, self.hub)
         active = self._listener.listen(channel)
+        if active.is_set():
+            # Already in effect (every claim's long-poll subscribes): no thread hop.
+            return True
         return await anyio.to_thread.run_sync(active.wait, max_wait)
 
     async def subscribe(self, channel: str) -> Subscription:

@@ -122,12 +122,34 @@ def _setting_transport() -> sa.Update:
     )
 
 
+@functools.cache
+def _by_id() -> sa.Select[Any]:
+    """One attempt record by its id (cached: every v1 report naming its
+    attempt by id reads it, on the driver directly on Postgres)."""
+    a = schema.job_attempts
+    return sa.select(*_columns()).where(
+        a.c.attempt_id == sa.bindparam("f_attempt_id", type_=a.c.attempt_id.type)
+    )
+
+
+@functools.cache
+def _by_number() -> sa.Select[Any]:
+    """One attempt record by task and number (cached: every v1 heartbeat and
+    report reads it, on the driver directly on Postgres)."""
+    a = schema.job_attempts
+    return sa.select(*_columns()).where(
+        a.c.task_id == sa.bindparam("f_task", type_=a.c.task_id.type),
+        a.c.attempt == sa.bindparam("f_attempt", type_=sa.Integer()),
+    )
+
+
 def _closing_values() -> dict[str, Any]:
     a = schema.job_attempts
     return {
         "status": sa.bindparam("a_status", type_=sa.Text()),
         "ended_at": sa.bindparam("a_now", type_=a.c.ended_at.type),
         "error": sa.func.coalesce(sa.bindparam("a_error", type_=a.c.error.type), a.c.error),
+        "result": sa.func.coalesce(sa.bindparam("a_result", type_=a.c.result.type), a.c.result),
     }
 
 
@@ -136,9 +158,9 @@ def finish_closing_attempts(finish: sa.Update) -> sa.Select[Any]:
     that also closes the attempts it ended, in one statement; its rows are
     those ``finish`` returns.
 
-    Parameters: ``a_status`` (the attempts' final status), ``a_now`` (their end)
-    and ``a_error`` (their error document, or ``None`` to keep the one they
-    have). Not cached here: callers cache it when ``finish`` is cached.
+    Parameters: ``a_status`` (the attempts' final status), ``a_now`` (their end),
+    ``a_error`` and ``a_result`` (their error and result documents, or ``None``
+    to keep the ones they have). Not cached here: callers cache it when ``finish`` is cached.
     """
     a, t = schema.job_attempts, schema.tasks
     fin = finish.returning(t.c.id.label("f_id"), t.c.attempt.label("f_attempt")).cte("fin")
@@ -153,9 +175,19 @@ def finish_closing_attempts(finish: sa.Update) -> sa.Select[Any]:
     return sa.select(*kept).add_cte(closed)
 
 
-def closing_params(status: str, now: datetime, error: Mapping[str, Any] | None) -> dict[str, Any]:
+def closing_params(
+    status: str,
+    now: datetime,
+    error: Mapping[str, Any] | None,
+    result: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
     """The parameters of :func:`finish_closing_attempts` and of :meth:`SqlAttemptOps.close`."""
-    return {"a_status": status, "a_now": now, "a_error": dict(error) if error else None}
+    return {
+        "a_status": status,
+        "a_now": now,
+        "a_error": dict(error) if error else None,
+        "a_result": None if result is None else dict(result),
+    }
 
 
 class SqlAttemptOps(SqlArea):
@@ -179,16 +211,12 @@ class SqlAttemptOps(SqlArea):
         return found
 
     async def find(self, attempt_id: uuid.UUID) -> AttemptRecord | None:
-        a = schema.job_attempts
-        rows = await self._rows(
-            "attempt", sa.select(*_columns()).where(a.c.attempt_id == attempt_id)
-        )
+        rows = await self._fixed_rows("attempt", _by_id(), {"f_attempt_id": attempt_id})
         return AttemptRecord(*rows[0]) if rows else None
 
     async def find_by_number(self, task_id: uuid.UUID, attempt: int) -> AttemptRecord | None:
-        a = schema.job_attempts
-        stmt = sa.select(*_columns()).where(a.c.task_id == task_id, a.c.attempt == attempt)
-        rows = await self._rows("attempt by number", stmt)
+        params = {"f_task": task_id, "f_attempt": attempt}
+        rows = await self._fixed_rows("attempt by number", _by_number(), params)
         return AttemptRecord(*rows[0]) if rows else None
 
     async def set_transport_if_running(
@@ -273,10 +301,12 @@ class SqlAttemptOps(SqlArea):
         status: str,
         now: datetime,
         error: Mapping[str, Any] | None = None,
+        result: Mapping[str, Any] | None = None,
     ) -> tuple[sa.Executable, list[dict[str, Any]]]:
         """The statement and parameter sets that close the rows of the ended
-        ``(task_id, attempt)`` pairs (see :meth:`close`), for a caller that
-        sends it in the same step as the statement that ended them."""
+        ``(task_id, attempt)`` pairs (see :meth:`close`; ``result``, when given,
+        is kept on them), for a caller that sends it in the same step as the
+        statement that ended them."""
         a = schema.job_attempts
         stmt = (
             sa.update(a)
@@ -286,7 +316,7 @@ class SqlAttemptOps(SqlArea):
             )
             .values(_closing_values())
         )
-        base = closing_params(status, now, error)
+        base = closing_params(status, now, error, result)
         params = [base | {"k_task": task_id, "k_attempt": attempt} for task_id, attempt in ended]
         return stmt, params
 
