@@ -18,7 +18,8 @@ attempt that holds its lease for hours keeps its data access.
 
 Cost per call. A claim reads the task with its job, claims (a job without a
 concurrency limit: one statement, no transaction), then reads the task's
-state and the output pointers; a heartbeat and a completion without final events are one fenced
+state, the output pointers and a source's progress (one round trip on
+Postgres); a heartbeat and a completion without final events are one fenced
 statement each. What never changes is read once and remembered, bounded: a
 task's job, a job's lease length and whether it is an always-on source (only
 those heartbeats look up a directive). Reads that need no snapshot across
@@ -45,7 +46,7 @@ from trace_core.dispatcher.events import EventGateway, Producer
 from trace_core.dispatcher.payload import build_payloads, task_payloads, task_rows
 from trace_core.errors import ConfigurationError, NotFound
 from trace_core.leasing import FailOutcome
-from trace_core.model import TASKS, ClaimOutcome, Fence, Lease, NotClaimedReason
+from trace_core.model import ClaimOutcome, Fence, Lease, NotClaimedReason
 from trace_core.retry import RetryClass
 from trace_core.storage.protocol import Repository, Transaction
 from trace_core.storage.scopes import per_statement_reads
@@ -158,12 +159,15 @@ class TaskControl:
         async with self._reads() as tx:
             # Status and attempt as they are now, not as the claim left them: a
             # task canceled right after the claim is seen canceled, and its
-            # operator is not started.
-            state = await tx.inspect(TASKS, task_id)
-            if state is None:
+            # operator is not started. Read with the pointers (and a source's
+            # progress) in one round trip on Postgres.
+            view = await tx.payload.claimed_view(
+                task_id, row["dag_version_id"], progress=row["activation"] == "source"
+            )
+            if view.status is None:
                 raise NotFound(f"task {task_id} does not exist")
-            claimed = {**row, "attempt": state.attempt, "status": state.status}
-            payload = (await build_payloads(tx, [claimed]))[task_id]
+            claimed = {**row, "attempt": view.attempt, "status": view.status}
+            payload = (await build_payloads(tx, [claimed], view=view))[task_id]
         if self._capabilities is None:
             return ClaimedTask(outcome, payload)
         return await self._authorized(task_id, outcome, lease, payload, self._capabilities)

@@ -142,6 +142,16 @@ class SqlTransaction:
         rows: Sequence[Any] = (await self._execute(stmt, params)).all()
         return rows
 
+    async def _fetch_many(
+        self, calls: Sequence[tuple[sa.Executable, Mapping[str, Any]]]
+    ) -> list[Sequence[Any]]:
+        """Rows of each statement (each built once and reused), in order: in a
+        Postgres statement scope in one round trip (pipelined), else one after
+        the other."""
+        if self._direct is not None:
+            return await self._direct.fetch_many(calls)
+        return [await self._fetch(stmt, params) for stmt, params in calls]
+
     async def _execute(self, stmt: sa.Executable, params: Any = None) -> Any:
         """``stmt`` through SQLAlchemy (any statement). In a SQLite statement
         scope its rows come back already fetched
