@@ -46,7 +46,7 @@ from trace_core.dispatcher.events import EventGateway, Producer
 from trace_core.dispatcher.payload import build_payloads, task_payloads, task_rows
 from trace_core.errors import ConfigurationError, NotFound
 from trace_core.leasing import FailOutcome
-from trace_core.model import ClaimOutcome, Fence, Lease, NotClaimedReason
+from trace_core.model import ClaimOutcome, Fence, Holder, Lease, NotClaimedReason
 from trace_core.retry import RetryClass
 from trace_core.storage.protocol import Repository, Transaction
 from trace_core.storage.scopes import per_statement_reads
@@ -236,12 +236,13 @@ class TaskControl:
                 task_id, attempt, stream=stream, message_id=message_id
             )
 
-    async def heartbeat(self, fence: Fence) -> datetime:
+    async def heartbeat(self, fence: Fence, *, holder: Holder | None = None) -> datetime:
         """Extend the current attempt's lease by the job's heartbeat timeout;
-        :class:`StaleClaim` if it is not current."""
+        :class:`StaleClaim` if it is not current (or the write refused what
+        ``holder`` says)."""
         facts = await self._facts(_task_id(fence))
         lease = None if facts is None else facts.limits.lease_seconds
-        return await self.tasks.heartbeat(fence, lease_seconds=lease)
+        return await self.tasks.heartbeat(fence, lease_seconds=lease, holder=holder)
 
     async def directive(self, task_id: uuid.UUID) -> str:
         """What a running source should do now: ``run``, ``pause`` (backpressure)
@@ -304,15 +305,17 @@ class TaskControl:
         events: Sequence[DatasetEvent] = (),
         outputs: Sequence[Mapping[str, Any]] | None = None,
         result: Mapping[str, Any] | None = None,
+        holder: Holder | None = None,
     ) -> AcceptResult:
         """Accept the final events and complete the attempt, atomically (without
         events the completion is one fenced statement).
 
         ``result`` (artifact pointers, timings, outputs ...) is kept on the
-        attempt's record, by the completion's own write.
+        attempt's record, by the completion's own write; ``holder``, when
+        given, is checked by it (:class:`~trace_core.model.Holder`).
         """
         if not events and not carries_lineage(outputs):
-            await self.tasks.complete(fence, outputs=outputs, result=result)
+            await self.tasks.complete(fence, outputs=outputs, result=result, holder=holder)
             accepted = AcceptResult([], 0, 0)
         else:
             async with self.repo.transaction() as tx:
@@ -324,7 +327,9 @@ class TaskControl:
                     accepted = AcceptResult([], 0, 0)
                 # column lineage reported in outputs[i]["lineage"] commits with the output
                 outputs = await record_output_lineage(tx, _task_id(fence), outputs)
-                await self.tasks.complete(fence, outputs=outputs, tx=tx, result=result)
+                await self.tasks.complete(
+                    fence, outputs=outputs, tx=tx, result=result, holder=holder
+                )
         await self._released(fence)
         return accepted
 

@@ -18,7 +18,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from trace_core.errors import ConfigurationError
-from trace_core.model import TASKS, Fence, ItemState, Lease, QueueSpec
+from trace_core.model import TASKS, Fence, Holder, ItemState, Lease, QueueSpec
 from trace_core.storage import schema
 from trace_core.storage.engine import SQLITE_BEGIN, EngineSettings, create_engine
 from trace_core.storage.protocol import (
@@ -35,6 +35,8 @@ from trace_core.storage.sql_attempts import (
     claim_opening_attempts,
     closing_params,
     finish_closing_attempts,
+    held_by,
+    holder_params,
 )
 from trace_core.storage.sql_catalog import SqlCatalogOps
 from trace_core.storage.sql_concurrency import SqlConcurrencyOps
@@ -448,12 +450,20 @@ class SqlTransaction:
         return ItemState(*rows[0]) if rows else None
 
     async def heartbeat(
-        self, queue: QueueSpec, fence: Fence, *, now: datetime, expires_at: datetime
+        self,
+        queue: QueueSpec,
+        fence: Fence,
+        *,
+        now: datetime,
+        expires_at: datetime,
+        holder: Holder | None = None,
     ) -> datetime | None:
         if not fence_storable(fence):
             return None  # no row holds such a fence: stale
         stmt = self._stmts.heartbeat(queue)
         params = self._stmts.fence_params(fence) | {"now": now, "expires_at": expires_at}
+        if holder is not None:
+            stmt, params = _held(queue, stmt, params, holder)
         with translate_errors(f"heartbeat {queue.name}"):
             rows = await self._fetch(stmt, params)
         value: datetime | None = rows[0][0] if rows else None
@@ -469,6 +479,7 @@ class SqlTransaction:
         now: datetime,
         values: Mapping[str, Any] | None = None,
         attempt_result: Mapping[str, Any] | None = None,
+        holder: Holder | None = None,
     ) -> bool:
         if not fence_storable(fence):
             return False  # no row holds such a fence: stale
@@ -477,6 +488,8 @@ class SqlTransaction:
         keys = tuple(sorted(k for k, v in values.items() if k != "refund_attempt" or v))
         stmt, bound = self._stmts.transition(queue, frozenset(sources), target, keys)
         params = self._stmts.fence_params(fence) | {f"v_{k}": values[k] for k in bound}
+        if holder is not None:
+            stmt, params = _held(queue, stmt, params, holder)
         if target == queue.done:
             params["now"] = now
         if queue.name != TASKS.name or target in queue.leased:
@@ -904,6 +917,16 @@ _ATTEMPT_END = {TASKS.done: "Completed", "Canceled": "Canceled"}
 
 def _uuid(item_id: ItemId) -> uuid.UUID:
     return item_id if isinstance(item_id, uuid.UUID) else uuid.UUID(str(item_id))
+
+
+def _held(
+    queue: QueueSpec, stmt: sa.Update, params: dict[str, Any], holder: Holder
+) -> tuple[sa.Update, dict[str, Any]]:
+    """A fenced write of one task that also checks ``holder`` (its record's worker
+    and message, :func:`~trace_core.storage.sql_attempts.held_by`)."""
+    if queue.name != TASKS.name:
+        raise ConfigurationError(f"a holder is checked on tasks only, not {queue.name}")
+    return held_by(stmt), params | holder_params(holder)
 
 
 @functools.cache

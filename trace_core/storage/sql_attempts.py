@@ -26,11 +26,18 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 
+from trace_core.model import Holder
 from trace_core.storage import schema
 from trace_core.storage.ports.attempts import AttemptRecord
 from trace_core.storage.sql_area import SqlArea
 
-__all__ = ["SqlAttemptOps", "claim_opening_attempts", "finish_closing_attempts"]
+__all__ = [
+    "SqlAttemptOps",
+    "claim_opening_attempts",
+    "finish_closing_attempts",
+    "held_by",
+    "holder_params",
+]
 
 _REOPENED = ("worker_id", "started_at", "status", "stream", "message_id", "ended_at")
 
@@ -141,6 +148,40 @@ def _by_number() -> sa.Select[Any]:
         a.c.task_id == sa.bindparam("f_task", type_=a.c.task_id.type),
         a.c.attempt == sa.bindparam("f_attempt", type_=sa.Integer()),
     )
+
+
+@functools.cache
+def held_by(write: sa.Update) -> sa.Update:
+    """``write`` (a cached fenced write of one task: :meth:`LeaseStatements.fence
+    <trace_core.storage.sql_leasing.LeaseStatements.fence>`'s parameters) that
+    also requires what a :class:`~trace_core.model.Holder` says: no record of
+    the fenced attempt names another worker than ``h_worker`` or, with
+    ``h_stream`` given, another stream message than ``h_stream``/``h_message``
+    (a record naming none is not checked, nor is an attempt without a record:
+    as the v1 routes check them by reading the record first)."""
+    a, t = schema.job_attempts, schema.tasks
+    worker = sa.bindparam("h_worker", type_=sa.Text())
+    stream = sa.bindparam("h_stream", type_=sa.Text())
+    message = sa.bindparam("h_message", type_=sa.Text())
+    contradicts = sa.exists().where(
+        a.c.task_id == t.c.id,
+        a.c.attempt == sa.bindparam("f_attempt", type_=sa.Integer()),
+        sa.or_(
+            a.c.worker_id != worker,
+            sa.and_(
+                stream.is_not(None),
+                a.c.stream.is_not(None),
+                a.c.message_id.is_not(None),
+                sa.or_(a.c.stream != stream, a.c.message_id != sa.func.coalesce(message, "")),
+            ),
+        ),
+    )
+    return write.where(~contradicts)
+
+
+def holder_params(holder: Holder) -> dict[str, Any]:
+    """The parameters :func:`held_by` adds."""
+    return {"h_worker": holder.worker_id, "h_stream": holder.stream, "h_message": holder.message_id}
 
 
 def _closing_values() -> dict[str, Any]:
