@@ -152,7 +152,8 @@ class DirectPool:
                 bound.append(one.parameters(params))
             except (TypeError, ValueError) as exc:
                 raise sa_exc.StatementError(str(exc), one.sql, None, exc) from exc
-        sql = compiled[0].sql if compiled else ""
+        # A pipeline's error surfaces when it syncs, not at its statement.
+        sql = ";\n".join(one.sql for one in compiled)
         conn = await self._acquire(sql)
         clean = False
         raw: list[list[tuple[Any, ...]]] = []
@@ -160,7 +161,6 @@ class DirectPool:
             async with conn.pipeline():
                 cursors = []
                 for one, params in zip(compiled, bound, strict=True):
-                    sql = one.sql
                     cursors.append(await conn.execute(one.sql, params))
             # Leaving the block synced the pipeline: every result is here.
             for cursor in cursors:
