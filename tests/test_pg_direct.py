@@ -133,3 +133,23 @@ async def test_calls_after_close_are_refused(database_url: str) -> None:
     assert direct_pool(repo).idle == 0
     with pytest.raises(ConfigurationError, match="closed"):
         await TaskQueue(repo).claim_batch("w", 1)
+
+
+async def test_pipelined_statements_answer_in_order_on_one_reused_connection(
+    repo: SqlRepository, clock: ManualClock
+) -> None:
+    # fetch_many sends its statements in ONE round trip; the rows come back
+    # per statement, in order, and the connection stays reusable.
+    pool = direct_pool(repo)
+    first, second = sa.text("SELECT 1 AS a"), sa.text("SELECT CAST(:v AS integer) + 1 AS n")
+    answers = await pool.fetch_many([(first, {}), (second, {"v": 41})])
+    assert [list(rows) for rows in answers] == [[(1,)], [(42,)]]
+    assert pool.idle == 1
+    # A failing statement fails the call, translated as every direct call is,
+    # and its connection is not reused (nothing runs after it).
+    broken = sa.text("SELECT CAST('x' AS integer)")
+    with pytest.raises(StorageError, match="invalid input syntax for type integer"):
+        async with repo.statement() as tx:
+            await tx._fetch_many([(first, {}), (broken, {}), (second, {"v": 1})])
+    assert pool.idle == 0
+    assert await pool.fetch_many([(second, {"v": 1})]) == [[(2,)]]

@@ -4,13 +4,15 @@ ownership protocol opens and closes, on both engines."""
 from __future__ import annotations
 
 import uuid
+from datetime import timedelta
 
 import pytest
 from factories import make_items
 
 from trace_core.clock import ManualClock
+from trace_core.errors import InvalidTransition, StaleClaim
 from trace_core.leasing import LeaseConfig
-from trace_core.model import TASKS
+from trace_core.model import TASKS, Fence, Holder
 from trace_core.retry import Backoff, RetryClass, RetryPolicy
 from trace_core.storage.ports import AttemptRecord
 from trace_core.storage.sql import SqlRepository
@@ -237,3 +239,54 @@ async def test_a_late_reply_after_a_timeout_completes_the_same_attempt(
     await tq.complete(lease.fence)
     (row,) = await attempts(repo, task_id)
     assert row.status == "Completed" and row.ended_at == clock.now()
+
+
+async def test_a_completion_keeps_its_result_on_the_record_in_the_same_write(
+    repo: SqlRepository, clock: ManualClock
+) -> None:
+    tq = queue(repo, clock)
+    (task_id,) = await make_items(repo, TASKS, clock.now())
+    lease = (await tq.claim(task_id, "w1")).lease
+    assert lease is not None
+    fence = Fence(task_id, lease.attempt, lease.lease_token)
+    await tq.complete(fence, result={"took_ms": 7})
+    with pytest.raises(InvalidTransition):  # a repeated report writes nothing
+        await tq.complete(fence, result={"took_ms": 8})
+    (row,) = await attempts(repo, task_id)
+    assert (row.status, row.result) == ("Completed", {"took_ms": 7})
+
+
+async def test_a_holder_is_checked_by_the_fenced_write_itself(
+    repo: SqlRepository, clock: ManualClock
+) -> None:
+    # The v1 routes' one-statement heartbeat and completion: the attempt's
+    # record must name the worker and, when it names a stream message, the
+    # report's message; anything else changes nothing.
+    tq = queue(repo, clock)
+    delivered, fallback = await make_items(repo, TASKS, clock.now(), 2)
+    fences = {}
+    for task_id in (delivered, fallback):
+        lease = (await tq.claim(task_id, "w1")).lease
+        assert lease is not None
+        fences[task_id] = Fence(task_id, lease.attempt, lease.lease_token)
+    async with repo.statement() as tx:
+        assert await tx.attempts.set_transport_if_running(
+            delivered, 1, stream="s", message_id="1-0"
+        )
+    clock.advance(5)
+    expires = clock.now() + timedelta(seconds=30)
+    for wrong in (Holder("w2"), Holder("w2", "s", "1-0")):
+        with pytest.raises(StaleClaim):
+            await tq.heartbeat(fences[delivered], holder=wrong)
+    assert await tq.heartbeat(fences[delivered], holder=Holder("w1")) == expires
+    for wrong in (Holder("w1", "s", "2-0"), Holder("w1", "t", "1-0"), Holder("w2", "s", "1-0")):
+        with pytest.raises(StaleClaim):
+            await tq.complete(fences[delivered], holder=wrong)
+    assert [r.status for r in await attempts(repo, delivered)] == ["Running"]
+    await tq.complete(fences[delivered], holder=Holder("w1", "s", "1-0"))
+    # No message on the record (a database-fallback claim): only the worker counts.
+    with pytest.raises(StaleClaim):
+        await tq.complete(fences[fallback], holder=Holder("w2", "any", "x"))
+    await tq.complete(fences[fallback], holder=Holder("w1", "any", "x"))
+    for task_id in (delivered, fallback):
+        assert [r.status for r in await attempts(repo, task_id)] == ["Completed"]

@@ -8,13 +8,17 @@ import pytest
 
 from trace_core.clock import ManualClock
 from trace_core.storage.ports import (
+    ClaimedView,
     JobRecord,
     NewDagVersion,
     NewDataset,
     NewDatasetVersion,
+    ProgressFold,
     VersionPointer,
+    VersionProgress,
 )
 from trace_core.storage.protocol import NewTask
+from trace_core.storage.scopes import per_statement_reads
 from trace_core.storage.sql import SqlRepository
 
 pytestmark = pytest.mark.anyio
@@ -105,3 +109,65 @@ async def test_version_pointers_and_storage_locations(
         VersionPointer(v2, b.dataset_uuid, bv.version_id, "s3://x/b", None, None, "b"),
     ]  # the version not asked for is left out
     assert locations == {av.version_id: "s3://x/a"}
+
+
+async def test_claimed_view_reads_state_pointers_and_progress_in_one_scope(
+    repo: SqlRepository, clock: ManualClock
+) -> None:
+    # What a claim reads after its lease (on Postgres pipelined in ONE round
+    # trip on the direct path): only the asked DAG version's pointers and the
+    # progress of the versions it points to.
+    org_id, now = uuid.uuid4(), clock.now()
+    mine, other, job_id = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
+    a = NewDataset(uuid.uuid4(), org_id, "a", "dag", "job", 0, now)
+    b = NewDataset(uuid.uuid4(), org_id, "b", "dag", "job", 1, now)
+    av = NewDatasetVersion(uuid.uuid4(), a.dataset_uuid, "h", 0, 9, "s3://x/a", now)
+    bv = NewDatasetVersion(uuid.uuid4(), b.dataset_uuid, "h", None, None, "s3://x/b", now)
+    async with repo.transaction() as tx:
+        await tx.registry.create_org_if_absent(org_id, "acme", now=now)
+        for version in (mine, other):
+            await tx.deploy.insert_version(
+                NewDagVersion(version, org_id, "dag", str(version), "y", now)
+            )
+        await tx.registry.register_datasets_if_absent([a, b])
+        for dv in (av, bv):
+            await tx.registry.insert_dataset_version_if_absent(dv)
+        await tx.deploy.insert_pointers(mine, {a.dataset_uuid: av.version_id})
+        await tx.deploy.insert_pointers(other, {b.dataset_uuid: bv.version_id})
+        await tx.events.advance_progress(
+            [
+                ProgressFold(av.version_id, a.dataset_uuid, [(0, 4)], 4, 1),
+                ProgressFold(bv.version_id, b.dataset_uuid, [(0, 9)], None, 1),
+            ],
+            now=now,
+        )
+        await tx.deploy.insert_jobs(
+            [
+                JobRecord(
+                    job_id=job_id,
+                    org_id=org_id,
+                    name="job",
+                    dag_name="dag",
+                    dag_version_id=mine,
+                    activation="source",
+                    runtime="spark",
+                    operator="op",
+                    config_hash="c",
+                    update_strategy="replace",
+                )
+            ],
+            now=now,
+        )
+        (created,) = await tx.create_tasks([NewTask(job_id, dedupe_key="k")], now=now)
+    pointer = VersionPointer(mine, a.dataset_uuid, av.version_id, "s3://x/a", 0, 9, "a")
+    async with per_statement_reads(repo) as reads:
+        view = await reads.payload.claimed_view(created.task_id, mine, progress=True)
+        bare = await reads.payload.claimed_view(created.task_id, mine, progress=False)
+        gone = await reads.payload.claimed_view(uuid.uuid4(), other, progress=True)
+        if repo.engine_name == "postgres":
+            assert repo.engine.pool.checkedout() == 0  # the direct path, no pooled connection
+    assert view == ClaimedView(
+        "Queued", 1, [pointer], {av.version_id: VersionProgress(((0, 4),), 4)}
+    )
+    assert bare == ClaimedView("Queued", 1, [pointer], {})
+    assert (gone.status, gone.progress) == (None, {bv.version_id: VersionProgress(((0, 9),), None)})

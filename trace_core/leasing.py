@@ -17,7 +17,15 @@ from typing import Any
 
 from trace_core.clock import Clock, SystemClock
 from trace_core.errors import ConfigurationError, InvalidTransition, NotFound, StaleClaim
-from trace_core.model import ClaimOutcome, Fence, ItemState, Lease, NotClaimedReason, QueueSpec
+from trace_core.model import (
+    ClaimOutcome,
+    Fence,
+    Holder,
+    ItemState,
+    Lease,
+    NotClaimedReason,
+    QueueSpec,
+)
 from trace_core.retry import RetryClass, RetryPolicy
 from trace_core.storage.protocol import Repository, Transaction, within
 
@@ -184,8 +192,11 @@ class LeaseQueue:
         *,
         tx: Transaction | None = None,
         lease_seconds: float | None = None,
+        holder: Holder | None = None,
     ) -> datetime:
-        """Extend the lease; raises :class:`StaleClaim` if it is not current."""
+        """Extend the lease; raises :class:`StaleClaim` if it is not current
+        (or, with ``holder``, tasks only, if the write refused what it says:
+        the error then names the fence's state only)."""
         now = self.clock.now()
         async with self._tx(tx, single=True) as t:
             expires = await t.heartbeat(
@@ -193,6 +204,7 @@ class LeaseQueue:
                 fence,
                 now=now,
                 expires_at=now + timedelta(seconds=lease_seconds or self.config.lease_seconds),
+                holder=holder,
             )
             if expires is None:
                 await self._explain(t, fence, None)
@@ -223,10 +235,17 @@ class LeaseQueue:
         *,
         values: Mapping[str, Any] | None = None,
         tx: Transaction | None = None,
+        attempt_result: Mapping[str, Any] | None = None,
+        holder: Holder | None = None,
     ) -> None:
-        """Fenced success. Raises :class:`StaleClaim` or :class:`InvalidTransition`."""
+        """Fenced success. Raises :class:`StaleClaim` or :class:`InvalidTransition`.
+
+        ``attempt_result`` (tasks): kept on the attempt's record by the same
+        write; ``holder`` (tasks): checked by it (as :meth:`heartbeat`)."""
         q = self.queue
-        await self._transition(fence, q.lifecycle.sources_of(q.done), q.done, values, tx)
+        await self._transition(
+            fence, q.lifecycle.sources_of(q.done), q.done, values, tx, attempt_result, holder
+        )
 
     async def complete_many(
         self, fences: Sequence[Fence], *, tx: Transaction | None = None
@@ -487,6 +506,8 @@ class LeaseQueue:
         target: str,
         values: Mapping[str, Any] | None,
         tx: Transaction | None,
+        attempt_result: Mapping[str, Any] | None = None,
+        holder: Holder | None = None,
     ) -> None:
         # One fenced UPDATE, atomic by itself; the read that explains a miss
         # needs no transaction around it.
@@ -498,6 +519,8 @@ class LeaseQueue:
                 target=target,
                 now=self.clock.now(),
                 values=values,
+                attempt_result=attempt_result,
+                holder=holder,
             )
             if not ok:
                 await self._explain(t, fence, target)

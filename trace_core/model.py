@@ -25,6 +25,7 @@ __all__ = [
     "TASKS",
     "ClaimOutcome",
     "Fence",
+    "Holder",
     "ItemState",
     "Lease",
     "NotClaimedReason",
@@ -156,6 +157,20 @@ class Fence:
     attempt: int
     lease_token: uuid.UUID
     claim_version: int | None = None
+
+
+@dataclass(frozen=True)
+class Holder:
+    """Who a report says holds a task's attempt (the v1 worker contract): a
+    fenced write of tasks that carries it also requires the attempt's record,
+    when there is one, to name ``worker_id``, and, given a ``stream``, the
+    stream message the record names (if it names one) to be
+    ``stream``/``message_id``. Checked in the write itself, so one statement
+    does what a read of the record and a write did."""
+
+    worker_id: str
+    stream: str | None = None
+    message_id: str | None = None
 
 
 @dataclass(frozen=True)

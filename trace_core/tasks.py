@@ -24,7 +24,7 @@ import anyio
 from trace_core.clock import Clock, SystemClock
 from trace_core.errors import ConfigurationError, TraceError
 from trace_core.leasing import FailOutcome, LeaseConfig, LeaseQueue, ReclaimReport
-from trace_core.model import TASKS, ClaimOutcome, Fence, Lease
+from trace_core.model import TASKS, ClaimOutcome, Fence, Holder, Lease
 from trace_core.outbox import OUTBOX_CHANNEL
 from trace_core.retry import RetryClass, RetryPolicy
 from trace_core.storage.protocol import (
@@ -209,9 +209,12 @@ class TaskQueue:
         """Claim up to ``limit`` queued tasks in claim order (``queued_at``)."""
         return await self.leases.claim_batch(worker_id, limit, lease_seconds=lease_seconds)
 
-    async def heartbeat(self, fence: Fence, *, lease_seconds: float | None = None) -> datetime:
-        """Extend the lease of the current attempt by ``lease_seconds`` (or the default)."""
-        return await self.leases.heartbeat(fence, lease_seconds=lease_seconds)
+    async def heartbeat(
+        self, fence: Fence, *, lease_seconds: float | None = None, holder: Holder | None = None
+    ) -> datetime:
+        """Extend the lease of the current attempt by ``lease_seconds`` (or the
+        default); with ``holder``, only if the write finds what it says."""
+        return await self.leases.heartbeat(fence, lease_seconds=lease_seconds, holder=holder)
 
     async def complete(
         self,
@@ -219,14 +222,20 @@ class TaskQueue:
         *,
         outputs: Sequence[Mapping[str, Any]] | None = None,
         tx: Transaction | None = None,
+        result: Mapping[str, Any] | None = None,
+        holder: Holder | None = None,
     ) -> None:
         """Mark the current attempt completed (a late reply included).
 
         Accepted while the task is Running, or after a timeout mark as long as
         no newer attempt has been claimed; rejected as stale otherwise.
+        ``result`` is kept on the attempt's record by the same write, which
+        also checks ``holder`` when given.
         """
         values = {"outputs": list(outputs)} if outputs is not None else None
-        await self.leases.complete(fence, values=values, tx=tx)
+        await self.leases.complete(
+            fence, values=values, tx=tx, attempt_result=result, holder=holder
+        )
 
     async def complete_many(self, fences: Sequence[Fence]) -> set[Any]:
         """Complete many attempts in one statement; the ids that were current."""

@@ -38,7 +38,7 @@ from trace_core.api.report_acks import ack_reported
 from trace_core.authoring.events import DatasetEvent
 from trace_core.dispatcher.service import Dispatcher
 from trace_core.errors import InvalidTransition, NotFound, StaleClaim
-from trace_core.model import Fence, ItemState
+from trace_core.model import Fence, Holder, ItemState
 from trace_core.storage.ports.attempts import AttemptRecord
 from trace_core.storage.scopes import per_statement_reads
 
@@ -50,6 +50,7 @@ __all__ = [
     "WrongMessage",
     "check_message",
     "complete_attempt",
+    "complete_held",
     "fail_attempt",
     "holder_attempt",
     "report_state",
@@ -189,6 +190,28 @@ async def complete_attempt(
         done = Completion(duplicate=False, event_ids=list(accepted.event_ids))
     await ack_reported(dispatcher, _job_id(fence), fence.attempt, record=record)
     return done
+
+
+async def complete_held(
+    dispatcher: Dispatcher,
+    fence: Fence,
+    holder: Holder,
+    *,
+    events: Sequence[DatasetEvent] = (),
+    outputs: Sequence[Mapping[str, Any]] | None = None,
+    result: Mapping[str, Any] | None = None,
+) -> Completion:
+    """:func:`complete_attempt` of a v1 report whose worker and message the
+    completion's own write checks (:class:`~trace_core.model.Holder`), with
+    no read of the attempt's record before it. Any refusal propagates as the
+    fenced write raised it (a duplicate report included): the caller then
+    takes the checked path (:func:`holder_attempt`, :func:`check_message`,
+    :func:`complete_attempt`), which says precisely why."""
+    accepted = await dispatcher.control.complete(
+        fence, events=events, outputs=outputs, result=result, holder=holder
+    )
+    await ack_reported(dispatcher, _job_id(fence), fence.attempt)
+    return Completion(duplicate=False, event_ids=list(accepted.event_ids))
 
 
 async def fail_attempt(

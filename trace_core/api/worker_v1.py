@@ -55,15 +55,25 @@ with the structured ``error {code, message, stack, retryable}``, in the
 transaction that writes the final status and releases the lease. ``requeued``
 and ``dlq`` say what that transaction did (``retryable: false``, or an
 exhausted retry budget, dead-letters through the retry policy).
+
+Cost (the hot path): a heartbeat or a completion that names its attempt by
+number is ONE fenced statement, which checks the worker and the stream
+message in its own ``WHERE`` (:class:`~trace_core.model.Holder`). Only when
+that write is refused does the route take the checked path (read the
+attempt's record, check it, write again), whose refusal says precisely why,
+with the same answers as ever. Answers are serialized once by their model
+(no second validation pass by the framework).
 """
 
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from collections.abc import Awaitable
+from typing import Any, TypeVar
 
 from fastapi import APIRouter
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel
 
 from trace_core.api.errors import ERROR_RESPONSES, answer_doc
 from trace_core.api.internal import to_events
@@ -73,6 +83,7 @@ from trace_core.api.reports import (
     WrongMessage,
     check_message,
     complete_attempt,
+    complete_held,
     fail_attempt,
     holder_attempt,
 )
@@ -89,9 +100,11 @@ from trace_core.api.worker_models import (
 )
 from trace_core.dispatcher.service import Dispatcher
 from trace_core.errors import InvalidInput, InvalidTransition, NotFound, StaleClaim
-from trace_core.model import Fence
+from trace_core.model import Fence, Holder
 
 __all__ = ["worker_router"]
+
+T = TypeVar("T")
 
 _REFUSALS: dict[int | str, dict[str, Any]] = {
     404: answer_doc("No such job", WorkerRefusal),
@@ -126,13 +139,28 @@ def _refused(exc: Exception) -> JSONResponse:
 _REFUSED = (NotFound, StaleClaim, InvalidTransition)
 
 
+def _answer(body: BaseModel) -> Response:
+    """``body`` as JSON, serialized once by its own model: FastAPI would
+    validate a returned model again against the route's response model."""
+    return Response(body.model_dump_json(), media_type="application/json")
+
+
+async def _unless_refused(write: Awaitable[T]) -> T | None:
+    """``write``'s result, or ``None`` when the database refused it (the
+    caller then takes the checked path, which says why)."""
+    try:
+        return await write
+    except _REFUSED:
+        return None
+
+
 def worker_router(dispatcher: Dispatcher, claimer: StreamClaimer, *, max_wait_ms: int) -> APIRouter:
     """The routes of the module docstring; claims wait at most ``max_wait_ms``."""
     router = APIRouter(prefix="/internal/worker", tags=["worker v1"], responses=ERROR_RESPONSES)
     control = dispatcher.control
 
-    @router.post("/claim")
-    async def claim(request: WorkerClaimRequest) -> WorkerClaimResponse:
+    @router.post("/claim", response_model=WorkerClaimResponse)
+    async def claim(request: WorkerClaimRequest) -> Any:
         """Claim the next job of the first stream (in priority order) that has
         one, long-polling up to ``max_wait_ms``."""
         if request.max_wait_ms > max_wait_ms:
@@ -141,13 +169,13 @@ def worker_router(dispatcher: Dispatcher, claimer: StreamClaimer, *, max_wait_ms
             request.worker_id, request.streams, max_wait=request.max_wait_ms / 1000
         )
         if found is None:
-            return WorkerClaimResponse(claimed=False)
+            return _answer(WorkerClaimResponse(claimed=False))
         lease = found.claimed.outcome.lease
         assert lease is not None
         ttl = max(0.0, (lease.expires_at - dispatcher.clock.now()).total_seconds())
         job_id = lease.item_id
         assert isinstance(job_id, uuid.UUID)  # task ids are UUIDs
-        return WorkerClaimResponse(
+        answer = WorkerClaimResponse.model_construct(
             claimed=True,
             job_id=job_id,
             attempt_id=lease.attempt,
@@ -161,44 +189,62 @@ def worker_router(dispatcher: Dispatcher, claimer: StreamClaimer, *, max_wait_ms
             lease_ttl_seconds=ttl,
             heartbeat_interval_seconds=ttl / 3,
         )
+        return _answer(answer)
 
     @router.post("/heartbeat", responses=_REFUSALS, response_model=WorkerHeartbeatResponse)
     async def heartbeat(request: WorkerHeartbeatRequest) -> Any:
         """Extend the lease the token names (of ``attempt_id``, if given), for
         the worker the attempt was claimed by."""
+        job_id, attempt = request.job_id, request.attempt_id
         try:
-            held = await holder_attempt(
-                dispatcher, request.job_id, request.attempt_id, request.worker_id
-            )
-            fence = Fence(request.job_id, held.number, request.lease_token)
-            expires = await control.heartbeat(fence)
+            expires = None
+            if isinstance(attempt, int):
+                fence = Fence(job_id, attempt, request.lease_token)
+                holder = Holder(request.worker_id)
+                expires = await _unless_refused(control.heartbeat(fence, holder=holder))
+            if expires is None:
+                held = await holder_attempt(dispatcher, job_id, attempt, request.worker_id)
+                fence = Fence(job_id, held.number, request.lease_token)
+                expires = await control.heartbeat(fence)
         except _REFUSED as exc:
             return _refused(exc)
-        directive = await control.directive(request.job_id)
-        return WorkerHeartbeatResponse(ok=True, lease_expires_at=expires, directive=directive)
+        directive = await control.directive(job_id)
+        return _answer(
+            WorkerHeartbeatResponse(ok=True, lease_expires_at=expires, directive=directive)
+        )
 
     @router.post("/complete", responses=_REFUSALS, response_model=WorkerAck)
     async def complete(request: WorkerCompleteRequest) -> Any:
         """Commit the result (final ``events`` and ``outputs``, the rest kept on
         the attempt's record) and complete the job."""
         events = to_events(request.result.events, "result.events")
+        outputs, kept = request.result.outputs, request.result.kept()
+        job_id, attempt = request.job_id, request.attempt_id
         try:
-            held = await holder_attempt(
-                dispatcher, request.job_id, request.attempt_id, request.worker_id
-            )
-            check_message(held, request.stream, request.message_id)
-            fence = Fence(request.job_id, held.number, request.lease_token)
-            done = await complete_attempt(
-                dispatcher,
-                fence,
-                events=events,
-                outputs=request.result.outputs,
-                result=request.result.kept(),
-                record=held.record,
-            )
+            done = None
+            if isinstance(attempt, int):
+                holder = Holder(request.worker_id, request.stream, request.message_id)
+                fence = Fence(job_id, attempt, request.lease_token)
+                done = await _unless_refused(
+                    complete_held(
+                        dispatcher, fence, holder, events=events, outputs=outputs, result=kept
+                    )
+                )
+            if done is None:
+                held = await holder_attempt(dispatcher, job_id, attempt, request.worker_id)
+                check_message(held, request.stream, request.message_id)
+                fence = Fence(job_id, held.number, request.lease_token)
+                done = await complete_attempt(
+                    dispatcher,
+                    fence,
+                    events=events,
+                    outputs=outputs,
+                    result=kept,
+                    record=held.record,
+                )
         except _REFUSED as exc:
             return _refused(exc)
-        return WorkerAck(ok=True, ack=True, duplicate=done.duplicate)
+        return _answer(WorkerAck(ok=True, ack=True, duplicate=done.duplicate))
 
     @router.post("/fail", responses=_REFUSALS, response_model=WorkerFailResponse)
     async def fail(request: WorkerFailRequest) -> Any:

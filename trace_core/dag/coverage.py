@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import bisect
 import uuid
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from trace_core.ranges import Range, merge_ranges
+from trace_core.storage.ports.registry import VersionProgress
 from trace_core.storage.protocol import Transaction
 
-__all__ = ["Coverage", "Range", "covers", "merge_ranges", "read_coverage"]
+__all__ = ["Coverage", "Range", "coverages", "covers", "merge_ranges", "read_coverage"]
 
 
 @dataclass(frozen=True)
@@ -59,5 +60,9 @@ async def read_coverage(
     tx: Transaction, versions: Collection[uuid.UUID]
 ) -> dict[uuid.UUID, Coverage]:
     """The recorded coverage of each of ``versions`` that has a progress row."""
-    found = await tx.registry.dataset_version_progress(versions)
+    return coverages(await tx.registry.dataset_version_progress(versions))
+
+
+def coverages(found: Mapping[uuid.UUID, VersionProgress]) -> dict[uuid.UUID, Coverage]:
+    """Recorded progress rows as coverage, by dataset version."""
     return {version: Coverage.of(p.ranges, p.max_cursor) for version, p in found.items()}

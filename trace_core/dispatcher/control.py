@@ -18,7 +18,8 @@ attempt that holds its lease for hours keeps its data access.
 
 Cost per call. A claim reads the task with its job, claims (a job without a
 concurrency limit: one statement, no transaction), then reads the task's
-state and the output pointers; a heartbeat and a completion without final events are one fenced
+state, the output pointers and a source's progress (one round trip on
+Postgres); a heartbeat and a completion without final events are one fenced
 statement each. What never changes is read once and remembered, bounded: a
 task's job, a job's lease length and whether it is an always-on source (only
 those heartbeats look up a directive). Reads that need no snapshot across
@@ -45,7 +46,7 @@ from trace_core.dispatcher.events import EventGateway, Producer
 from trace_core.dispatcher.payload import build_payloads, task_payloads, task_rows
 from trace_core.errors import ConfigurationError, NotFound
 from trace_core.leasing import FailOutcome
-from trace_core.model import TASKS, ClaimOutcome, Fence, Lease, NotClaimedReason
+from trace_core.model import ClaimOutcome, Fence, Holder, Lease, NotClaimedReason
 from trace_core.retry import RetryClass
 from trace_core.storage.protocol import Repository, Transaction
 from trace_core.storage.scopes import per_statement_reads
@@ -158,12 +159,15 @@ class TaskControl:
         async with self._reads() as tx:
             # Status and attempt as they are now, not as the claim left them: a
             # task canceled right after the claim is seen canceled, and its
-            # operator is not started.
-            state = await tx.inspect(TASKS, task_id)
-            if state is None:
+            # operator is not started. Read with the pointers (and a source's
+            # progress) in one round trip on Postgres.
+            view = await tx.payload.claimed_view(
+                task_id, row["dag_version_id"], progress=row["activation"] == "source"
+            )
+            if view.status is None:
                 raise NotFound(f"task {task_id} does not exist")
-            claimed = {**row, "attempt": state.attempt, "status": state.status}
-            payload = (await build_payloads(tx, [claimed]))[task_id]
+            claimed = {**row, "attempt": view.attempt, "status": view.status}
+            payload = (await build_payloads(tx, [claimed], view=view))[task_id]
         if self._capabilities is None:
             return ClaimedTask(outcome, payload)
         return await self._authorized(task_id, outcome, lease, payload, self._capabilities)
@@ -232,12 +236,13 @@ class TaskControl:
                 task_id, attempt, stream=stream, message_id=message_id
             )
 
-    async def heartbeat(self, fence: Fence) -> datetime:
+    async def heartbeat(self, fence: Fence, *, holder: Holder | None = None) -> datetime:
         """Extend the current attempt's lease by the job's heartbeat timeout;
-        :class:`StaleClaim` if it is not current."""
+        :class:`StaleClaim` if it is not current (or the write refused what
+        ``holder`` says)."""
         facts = await self._facts(_task_id(fence))
         lease = None if facts is None else facts.limits.lease_seconds
-        return await self.tasks.heartbeat(fence, lease_seconds=lease)
+        return await self.tasks.heartbeat(fence, lease_seconds=lease, holder=holder)
 
     async def directive(self, task_id: uuid.UUID) -> str:
         """What a running source should do now: ``run``, ``pause`` (backpressure)
@@ -300,15 +305,17 @@ class TaskControl:
         events: Sequence[DatasetEvent] = (),
         outputs: Sequence[Mapping[str, Any]] | None = None,
         result: Mapping[str, Any] | None = None,
+        holder: Holder | None = None,
     ) -> AcceptResult:
         """Accept the final events and complete the attempt, atomically (without
-        events and ``result`` the completion is one fenced statement).
+        events the completion is one fenced statement).
 
         ``result`` (artifact pointers, timings, outputs ...) is kept on the
-        attempt's record, in the transaction of the completion.
+        attempt's record, by the completion's own write; ``holder``, when
+        given, is checked by it (:class:`~trace_core.model.Holder`).
         """
-        if not events and result is None and not carries_lineage(outputs):
-            await self.tasks.complete(fence, outputs=outputs)
+        if not events and not carries_lineage(outputs):
+            await self.tasks.complete(fence, outputs=outputs, result=result, holder=holder)
             accepted = AcceptResult([], 0, 0)
         else:
             async with self.repo.transaction() as tx:
@@ -320,11 +327,9 @@ class TaskControl:
                     accepted = AcceptResult([], 0, 0)
                 # column lineage reported in outputs[i]["lineage"] commits with the output
                 outputs = await record_output_lineage(tx, _task_id(fence), outputs)
-                await self.tasks.complete(fence, outputs=outputs, tx=tx)
-                if result is not None:
-                    await tx.attempts.set_result_if_ended(
-                        _task_id(fence), fence.attempt, status="Completed", result=result
-                    )
+                await self.tasks.complete(
+                    fence, outputs=outputs, tx=tx, result=result, holder=holder
+                )
         await self._released(fence)
         return accepted
 

@@ -23,8 +23,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from trace_core.dag.coverage import read_coverage
+from trace_core.dag.coverage import coverages, read_coverage
 from trace_core.dag.validate import INPUTS_WHERE_KEY
+from trace_core.storage.ports import ClaimedView, VersionPointer
 from trace_core.storage.protocol import Transaction
 
 __all__ = ["build_payloads", "task_payloads", "task_rows"]
@@ -46,14 +47,25 @@ async def task_rows(tx: Transaction, task_ids: Sequence[uuid.UUID]) -> list[dict
 
 
 async def build_payloads(
-    tx: Transaction, tasks: Sequence[Mapping[str, Any]]
+    tx: Transaction, tasks: Sequence[Mapping[str, Any]], *, view: ClaimedView | None = None
 ) -> dict[uuid.UUID, dict[str, Any]]:
     """The payloads of rows read by :func:`task_rows` (whose ``attempt`` and
-    ``status`` a caller may have replaced by what its claim just set)."""
-    locations = await _output_locations(tx, {r["dag_version_id"] for r in tasks})
+    ``status`` a caller may have replaced by what its claim just set).
+
+    ``view``: the pointers and progress of the tasks' one DAG version, read
+    already (:meth:`~trace_core.storage.ports.PayloadOps.claimed_view`)."""
+    if view is None:
+        read = await tx.payload.version_pointers({r["dag_version_id"] for r in tasks})
+    else:
+        read = view.pointers
+    locations = _output_locations(read)
     stored = await _input_locations(tx, tasks, locations)
     names = await _dataset_names(tx, tasks, locations)
-    coverage = await _source_output_coverage(tx, tasks, locations)
+    versions = _source_output_versions(tasks, locations)
+    found = await read_coverage(tx, versions) if view is None else coverages(view.progress)
+    coverage = {
+        version: [list(r) for r in c.ranges] for version, c in found.items() if version in versions
+    }
     payloads = {}
     for row in tasks:
         pointers = locations.get(row["dag_version_id"], {})
@@ -115,11 +127,11 @@ class _Pointer:
     name: str
 
 
-async def _output_locations(
-    tx: Transaction, dag_versions: set[uuid.UUID]
+def _output_locations(
+    pointers: Sequence[VersionPointer],
 ) -> dict[uuid.UUID, dict[uuid.UUID, _Pointer]]:
     found: dict[uuid.UUID, dict[uuid.UUID, _Pointer]] = {}
-    for p in await tx.payload.version_pointers(dag_versions):
+    for p in pointers:
         start, end = p.range_start, p.range_end
         span = None if start is None or end is None else {"start": start, "end": end}
         found.setdefault(p.dag_version_id, {})[p.dataset_uuid] = _Pointer(
@@ -128,23 +140,21 @@ async def _output_locations(
     return found
 
 
-async def _source_output_coverage(
-    tx: Transaction,
+def _source_output_versions(
     tasks: Sequence[Mapping[str, Any]],
     pointers: dict[uuid.UUID, dict[uuid.UUID, _Pointer]],
-) -> dict[uuid.UUID, list[list[int]]]:
-    """The block ranges already materialized in the output versions of source
-    tasks: a source run of a new DAG version whose outputs kept their version
-    resumes after them instead of writing them again."""
-    versions = {
+) -> set[uuid.UUID]:
+    """The output versions of source tasks, whose block ranges already
+    materialized the payload shows: a source run of a new DAG version whose
+    outputs kept their version resumes after them instead of writing them
+    again."""
+    return {
         pointer.version
         for row in tasks
         if row["activation"] == "source"
         for dataset in row["output_datasets"] or ()
         if (pointer := pointers.get(row["dag_version_id"], {}).get(uuid.UUID(str(dataset))))
     }
-    found = await read_coverage(tx, versions)
-    return {version: [list(r) for r in c.ranges] for version, c in found.items()}
 
 
 async def _dataset_names(

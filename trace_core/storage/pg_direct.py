@@ -81,6 +81,43 @@ class DirectPool:
             await self._release(conn, clean)
         return compiled.rows(raw)
 
+    async def fetch_many(
+        self, calls: Sequence[tuple[sa.Executable, Mapping[str, Any]]]
+    ) -> list[Sequence[tuple[Any, ...]]]:
+        """Run several statements (each built once, reused) in ONE round trip
+        (psycopg's pipeline mode); the rows of each, processed, in order.
+
+        For reads that need no snapshot across statements: each statement
+        takes its own (READ COMMITTED), as separate :meth:`fetch` calls would.
+        A failing statement fails the call; the ones after it do not run.
+        """
+        compiled = [self._compiled(stmt) for stmt, _ in calls]
+        bound = []
+        for one, (_, params) in zip(compiled, calls, strict=True):
+            try:
+                bound.append(one.parameters(params))
+            except (TypeError, ValueError) as exc:
+                raise sa_exc.StatementError(str(exc), one.sql, None, exc) from exc
+        # A pipeline's error surfaces when it syncs, not at its statement.
+        sql = ";\n".join(one.sql for one in compiled)
+        conn = await self._acquire(sql)
+        clean = False
+        raw: list[list[tuple[Any, ...]]] = []
+        try:
+            async with conn.pipeline():
+                cursors = []
+                for one, params in zip(compiled, bound, strict=True):
+                    cursors.append(await conn.execute(one.sql, params))
+            # Leaving the block synced the pipeline: every result is here.
+            for cursor in cursors:
+                raw.append(await cursor.fetchall() if cursor.description is not None else [])
+            clean = True
+        except psycopg.Error as exc:
+            raise _wrapped(sql, exc, conn) from exc
+        finally:
+            await self._release(conn, clean)
+        return [one.rows(rows) for one, rows in zip(compiled, raw, strict=True)]
+
     @property
     def idle(self) -> int:
         """Connections kept open for the next call."""

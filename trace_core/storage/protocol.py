@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal, Protocol
 
-from trace_core.model import Fence, ItemState, Lease, QueueSpec
+from trace_core.model import Fence, Holder, ItemState, Lease, QueueSpec
 from trace_core.storage.ports import DeployOps, LaunchOps, RegistryOps, SourceOps, TaskOps
 from trace_core.storage.ports.api_keys import ApiKeyOps
 from trace_core.storage.ports.attempts import AttemptOps
@@ -301,9 +301,16 @@ class Transaction(Protocol):
         ...
 
     async def heartbeat(
-        self, queue: QueueSpec, fence: Fence, *, now: datetime, expires_at: datetime
+        self,
+        queue: QueueSpec,
+        fence: Fence,
+        *,
+        now: datetime,
+        expires_at: datetime,
+        holder: Holder | None = None,
     ) -> datetime | None:
-        """Extend a live lease matching ``fence``; the new expiry, or ``None`` if stale."""
+        """Extend a live lease matching ``fence`` (and ``holder``, tasks only:
+        :class:`~trace_core.model.Holder`); the new expiry, or ``None`` if stale."""
         ...
 
     async def transition(
@@ -315,13 +322,19 @@ class Transaction(Protocol):
         target: str,
         now: datetime,
         values: Mapping[str, Any] | None = None,
+        attempt_result: Mapping[str, Any] | None = None,
+        holder: Holder | None = None,
     ) -> bool:
         """Fenced move from one of ``sources`` to ``target``; False if nothing matched.
 
         ``values`` names columns to set, or the roles ``error`` (the queue's
         error column), ``ready_at`` (its availability gate, ignored where there
         is none) and ``refund_attempt`` (True: the claim being undone spends no
-        attempt).
+        attempt). ``attempt_result`` (tasks): the result the attempt's record is
+        closed with, written by the same statement as the task row (Postgres)
+        or in the same step (SQLite); ``None`` keeps the record's. ``holder``
+        (tasks): the write also requires what it says
+        (:class:`~trace_core.model.Holder`).
         """
         ...
 

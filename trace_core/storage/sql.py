@@ -18,7 +18,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from trace_core.errors import ConfigurationError
-from trace_core.model import TASKS, Fence, ItemState, Lease, QueueSpec
+from trace_core.model import TASKS, Fence, Holder, ItemState, Lease, QueueSpec
 from trace_core.storage import schema
 from trace_core.storage.engine import SQLITE_BEGIN, EngineSettings, create_engine
 from trace_core.storage.protocol import (
@@ -35,6 +35,8 @@ from trace_core.storage.sql_attempts import (
     claim_opening_attempts,
     closing_params,
     finish_closing_attempts,
+    held_by,
+    holder_params,
 )
 from trace_core.storage.sql_catalog import SqlCatalogOps
 from trace_core.storage.sql_concurrency import SqlConcurrencyOps
@@ -141,6 +143,16 @@ class SqlTransaction:
             return await self._direct.fetch(stmt, params)
         rows: Sequence[Any] = (await self._execute(stmt, params)).all()
         return rows
+
+    async def _fetch_many(
+        self, calls: Sequence[tuple[sa.Executable, Mapping[str, Any]]]
+    ) -> list[Sequence[Any]]:
+        """Rows of each statement (each built once and reused), in order: in a
+        Postgres statement scope in one round trip (pipelined), else one after
+        the other."""
+        if self._direct is not None:
+            return await self._direct.fetch_many(calls)
+        return [await self._fetch(stmt, params) for stmt, params in calls]
 
     async def _execute(self, stmt: sa.Executable, params: Any = None) -> Any:
         """``stmt`` through SQLAlchemy (any statement). In a SQLite statement
@@ -443,12 +455,20 @@ class SqlTransaction:
         return ItemState(*rows[0]) if rows else None
 
     async def heartbeat(
-        self, queue: QueueSpec, fence: Fence, *, now: datetime, expires_at: datetime
+        self,
+        queue: QueueSpec,
+        fence: Fence,
+        *,
+        now: datetime,
+        expires_at: datetime,
+        holder: Holder | None = None,
     ) -> datetime | None:
         if not fence_storable(fence):
             return None  # no row holds such a fence: stale
         stmt = self._stmts.heartbeat(queue)
         params = self._stmts.fence_params(fence) | {"now": now, "expires_at": expires_at}
+        if holder is not None:
+            stmt, params = _held(queue, stmt, params, holder)
         with translate_errors(f"heartbeat {queue.name}"):
             rows = await self._fetch(stmt, params)
         value: datetime | None = rows[0][0] if rows else None
@@ -463,6 +483,8 @@ class SqlTransaction:
         target: str,
         now: datetime,
         values: Mapping[str, Any] | None = None,
+        attempt_result: Mapping[str, Any] | None = None,
+        holder: Holder | None = None,
     ) -> bool:
         if not fence_storable(fence):
             return False  # no row holds such a fence: stale
@@ -471,19 +493,24 @@ class SqlTransaction:
         keys = tuple(sorted(k for k, v in values.items() if k != "refund_attempt" or v))
         stmt, bound = self._stmts.transition(queue, frozenset(sources), target, keys)
         params = self._stmts.fence_params(fence) | {f"v_{k}": values[k] for k in bound}
+        if holder is not None:
+            stmt, params = _held(queue, stmt, params, holder)
         if target == queue.done:
             params["now"] = now
         if queue.name != TASKS.name or target in queue.leased:
             with translate_errors(f"{queue.name} -> {target}"):
                 return bool(await self._fetch(stmt, params))
         # The attempt ends: its record is closed with the task row.
-        ending = closing_params(_ATTEMPT_END.get(target, "Failed"), now, None)
+        ending = closing_params(_ATTEMPT_END.get(target, "Failed"), now, None, attempt_result)
         with translate_errors(f"{queue.name} -> {target}"):
             if self.engine_name == "postgres":
                 return bool(await self._fetch(_closing(stmt), params | ending))
             # SQLite: the attempt's record closes in the same hop as the task row.
             close_record = self.attempts.closing(
-                [(_uuid(fence.item_id), fence.attempt)], status=ending["a_status"], now=now
+                [(_uuid(fence.item_id), fence.attempt)],
+                status=ending["a_status"],
+                now=now,
+                result=attempt_result,
             )
             ended = await self._execute_then(
                 stmt, params, lambda rows: close_record if rows else None
@@ -897,6 +924,16 @@ def _uuid(item_id: ItemId) -> uuid.UUID:
     return item_id if isinstance(item_id, uuid.UUID) else uuid.UUID(str(item_id))
 
 
+def _held(
+    queue: QueueSpec, stmt: sa.Update, params: dict[str, Any], holder: Holder
+) -> tuple[sa.Update, dict[str, Any]]:
+    """A fenced write of one task that also checks ``holder`` (its record's worker
+    and message, :func:`~trace_core.storage.sql_attempts.held_by`)."""
+    if queue.name != TASKS.name:
+        raise ConfigurationError(f"a holder is checked on tasks only, not {queue.name}")
+    return held_by(stmt), params | holder_params(holder)
+
+
 @functools.cache
 def _completing_many(complete_many: sa.Update) -> sa.Select[Any]:
     """Postgres: the cached batch completion of tasks closing their attempts
@@ -1132,6 +1169,9 @@ class SqlRepository:
 
             self._listener = PgListener(self.url, self.hub)
         active = self._listener.listen(channel)
+        if active.is_set():
+            # Already in effect (every claim's long-poll subscribes): no thread hop.
+            return True
         return await anyio.to_thread.run_sync(active.wait, max_wait)
 
     async def subscribe(self, channel: str) -> Subscription:

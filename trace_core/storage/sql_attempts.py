@@ -26,11 +26,18 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 
+from trace_core.model import Holder
 from trace_core.storage import schema
 from trace_core.storage.ports.attempts import AttemptRecord
 from trace_core.storage.sql_area import SqlArea
 
-__all__ = ["SqlAttemptOps", "claim_opening_attempts", "finish_closing_attempts"]
+__all__ = [
+    "SqlAttemptOps",
+    "claim_opening_attempts",
+    "finish_closing_attempts",
+    "held_by",
+    "holder_params",
+]
 
 _REOPENED = ("worker_id", "started_at", "status", "stream", "message_id", "ended_at")
 
@@ -133,12 +140,68 @@ def _setting_transport() -> sa.Update:
     )
 
 
+@functools.cache
+def _by_id() -> sa.Select[Any]:
+    """One attempt record by its id (cached: every v1 report naming its
+    attempt by id reads it, on the driver directly on Postgres)."""
+    a = schema.job_attempts
+    return sa.select(*_columns()).where(
+        a.c.attempt_id == sa.bindparam("f_attempt_id", type_=a.c.attempt_id.type)
+    )
+
+
+@functools.cache
+def _by_number() -> sa.Select[Any]:
+    """One attempt record by task and number (cached: every v1 heartbeat and
+    report reads it, on the driver directly on Postgres)."""
+    a = schema.job_attempts
+    return sa.select(*_columns()).where(
+        a.c.task_id == sa.bindparam("f_task", type_=a.c.task_id.type),
+        a.c.attempt == sa.bindparam("f_attempt", type_=sa.Integer()),
+    )
+
+
+@functools.cache
+def held_by(write: sa.Update) -> sa.Update:
+    """``write`` (a cached fenced write of one task: :meth:`LeaseStatements.fence
+    <trace_core.storage.sql_leasing.LeaseStatements.fence>`'s parameters) that
+    also requires what a :class:`~trace_core.model.Holder` says: no record of
+    the fenced attempt names another worker than ``h_worker`` or, with
+    ``h_stream`` given, another stream message than ``h_stream``/``h_message``
+    (a record naming none is not checked, nor is an attempt without a record:
+    as the v1 routes check them by reading the record first)."""
+    a, t = schema.job_attempts, schema.tasks
+    worker = sa.bindparam("h_worker", type_=sa.Text())
+    stream = sa.bindparam("h_stream", type_=sa.Text())
+    message = sa.bindparam("h_message", type_=sa.Text())
+    contradicts = sa.exists().where(
+        a.c.task_id == t.c.id,
+        a.c.attempt == sa.bindparam("f_attempt", type_=sa.Integer()),
+        sa.or_(
+            a.c.worker_id != worker,
+            sa.and_(
+                stream.is_not(None),
+                a.c.stream.is_not(None),
+                a.c.message_id.is_not(None),
+                sa.or_(a.c.stream != stream, a.c.message_id != sa.func.coalesce(message, "")),
+            ),
+        ),
+    )
+    return write.where(~contradicts)
+
+
+def holder_params(holder: Holder) -> dict[str, Any]:
+    """The parameters :func:`held_by` adds."""
+    return {"h_worker": holder.worker_id, "h_stream": holder.stream, "h_message": holder.message_id}
+
+
 def _closing_values() -> dict[str, Any]:
     a = schema.job_attempts
     return {
         "status": sa.bindparam("a_status", type_=sa.Text()),
         "ended_at": sa.bindparam("a_now", type_=a.c.ended_at.type),
         "error": sa.func.coalesce(sa.bindparam("a_error", type_=a.c.error.type), a.c.error),
+        "result": sa.func.coalesce(sa.bindparam("a_result", type_=a.c.result.type), a.c.result),
     }
 
 
@@ -147,9 +210,9 @@ def finish_closing_attempts(finish: sa.Update) -> sa.Select[Any]:
     that also closes the attempts it ended, in one statement; its rows are
     those ``finish`` returns.
 
-    Parameters: ``a_status`` (the attempts' final status), ``a_now`` (their end)
-    and ``a_error`` (their error document, or ``None`` to keep the one they
-    have). Not cached here: callers cache it when ``finish`` is cached.
+    Parameters: ``a_status`` (the attempts' final status), ``a_now`` (their end),
+    ``a_error`` and ``a_result`` (their error and result documents, or ``None``
+    to keep the ones they have). Not cached here: callers cache it when ``finish`` is cached.
     """
     a, t = schema.job_attempts, schema.tasks
     fin = finish.returning(t.c.id.label("f_id"), t.c.attempt.label("f_attempt")).cte("fin")
@@ -164,9 +227,19 @@ def finish_closing_attempts(finish: sa.Update) -> sa.Select[Any]:
     return sa.select(*kept).add_cte(closed)
 
 
-def closing_params(status: str, now: datetime, error: Mapping[str, Any] | None) -> dict[str, Any]:
+def closing_params(
+    status: str,
+    now: datetime,
+    error: Mapping[str, Any] | None,
+    result: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
     """The parameters of :func:`finish_closing_attempts` and of :meth:`SqlAttemptOps.close`."""
-    return {"a_status": status, "a_now": now, "a_error": dict(error) if error else None}
+    return {
+        "a_status": status,
+        "a_now": now,
+        "a_error": dict(error) if error else None,
+        "a_result": None if result is None else dict(result),
+    }
 
 
 class SqlAttemptOps(SqlArea):
@@ -190,16 +263,12 @@ class SqlAttemptOps(SqlArea):
         return found
 
     async def find(self, attempt_id: uuid.UUID) -> AttemptRecord | None:
-        a = schema.job_attempts
-        rows = await self._rows(
-            "attempt", sa.select(*_columns()).where(a.c.attempt_id == attempt_id)
-        )
+        rows = await self._fixed_rows("attempt", _by_id(), {"f_attempt_id": attempt_id})
         return AttemptRecord(*rows[0]) if rows else None
 
     async def find_by_number(self, task_id: uuid.UUID, attempt: int) -> AttemptRecord | None:
-        a = schema.job_attempts
-        stmt = sa.select(*_columns()).where(a.c.task_id == task_id, a.c.attempt == attempt)
-        rows = await self._rows("attempt by number", stmt)
+        params = {"f_task": task_id, "f_attempt": attempt}
+        rows = await self._fixed_rows("attempt by number", _by_number(), params)
         return AttemptRecord(*rows[0]) if rows else None
 
     async def set_transport_if_running(
@@ -291,10 +360,12 @@ class SqlAttemptOps(SqlArea):
         status: str,
         now: datetime,
         error: Mapping[str, Any] | None = None,
+        result: Mapping[str, Any] | None = None,
     ) -> tuple[sa.Executable, list[dict[str, Any]]]:
         """The statement and parameter sets that close the rows of the ended
-        ``(task_id, attempt)`` pairs (see :meth:`close`), for a caller that
-        sends it in the same step as the statement that ended them."""
+        ``(task_id, attempt)`` pairs (see :meth:`close`; ``result``, when given,
+        is kept on them), for a caller that sends it in the same step as the
+        statement that ended them."""
         a = schema.job_attempts
         stmt = (
             sa.update(a)
@@ -304,7 +375,7 @@ class SqlAttemptOps(SqlArea):
             )
             .values(_closing_values())
         )
-        base = closing_params(status, now, error)
+        base = closing_params(status, now, error, result)
         params = [base | {"k_task": task_id, "k_attempt": attempt} for task_id, attempt in ended]
         return stmt, params
 

@@ -9,8 +9,9 @@ from typing import Any
 import sqlalchemy as sa
 
 from trace_core.storage import schema
-from trace_core.storage.ports.payload import VersionPointer
+from trace_core.storage.ports.payload import ClaimedView, VersionPointer
 from trace_core.storage.sql_area import SqlArea, in_list
+from trace_core.storage.sql_registry import progress_of
 
 __all__ = ["SqlPayloadOps"]
 
@@ -61,6 +62,25 @@ def _pointers_statement(engine: str) -> sa.Select[Any]:
     )
 
 
+def _pointed_progress_statement(engine: str) -> sa.Select[Any]:
+    """The progress rows of the versions the DAG versions point to (the
+    pointers' join, so that it needs no pointer read before it)."""
+    g, p = schema.dataset_version_progress, schema.dag_version_datasets
+    return (
+        sa.select(g.c.dataset_version, g.c.ranges, g.c.max_cursor)
+        .join(p, p.c.dataset_version == g.c.dataset_version)
+        .where(in_list(p.c.dag_version_id, "dag_versions", engine))
+        .distinct()
+    )
+
+
+def _task_state_statement() -> sa.Select[Any]:
+    t = schema.tasks
+    return sa.select(t.c.status, t.c.attempt).where(
+        t.c.id == sa.bindparam("task_id", type_=t.c.id.type)
+    )
+
+
 # Built once per engine: every claim runs them, and building a statement (and
 # its cache key) costs more than SQLAlchemy's compiled-cache lookup of a ready
 # one; on Postgres they are fixed text, which the direct path runs as it is.
@@ -68,6 +88,8 @@ _ENGINES = ("postgres", "sqlite")
 _TASK_ROWS = {engine: _task_rows_statement(engine) for engine in _ENGINES}
 _TASK_ROW_KEYS = tuple(_TASK_ROWS["postgres"].selected_columns.keys())
 _POINTERS = {engine: _pointers_statement(engine) for engine in _ENGINES}
+_POINTED_PROGRESS = {engine: _pointed_progress_statement(engine) for engine in _ENGINES}
+_TASK_STATE = _task_state_statement()
 
 
 class SqlPayloadOps(SqlArea):
@@ -95,3 +117,22 @@ class SqlPayloadOps(SqlArea):
         v = schema.dataset_versions
         stmt = sa.select(v.c.id, v.c.storage_location).where(v.c.id.in_(sorted(versions)))
         return {row[0]: row[1] for row in await self._rows("dataset version locations", stmt)}
+
+    async def claimed_view(
+        self, task_id: uuid.UUID, dag_version_id: uuid.UUID, *, progress: bool
+    ) -> ClaimedView:
+        versions = {"dag_versions": [dag_version_id]}
+        calls: list[tuple[sa.Executable, dict[str, Any]]] = [
+            (_TASK_STATE, {"task_id": task_id}),
+            (_POINTERS[self.engine_name], versions),
+        ]
+        if progress:
+            calls.append((_POINTED_PROGRESS[self.engine_name], versions))
+        results = await self._fixed_rows_many("claimed task reads", calls)
+        state = results[0][0] if results[0] else None
+        return ClaimedView(
+            status=None if state is None else state[0],
+            attempt=0 if state is None else state[1],
+            pointers=[VersionPointer(*row) for row in results[1]],
+            progress={row[0]: progress_of(row) for row in results[2]} if progress else {},
+        )

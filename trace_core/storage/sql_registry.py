@@ -18,7 +18,7 @@ from trace_core.storage.ports.registry import (
 )
 from trace_core.storage.sql_area import SqlArea, in_list
 
-__all__ = ["SqlRegistryOps"]
+__all__ = ["SqlRegistryOps", "progress_of"]
 
 
 def _same(column: sa.ColumnElement[int], value: int | None) -> sa.ColumnElement[bool]:
@@ -36,6 +36,11 @@ def _progress_statement(engine: str) -> sa.Select[Any]:
 
 # Built once per engine: every claim of a source task reads it.
 _PROGRESS = {engine: _progress_statement(engine) for engine in ("postgres", "sqlite")}
+
+
+def progress_of(row: Sequence[Any]) -> VersionProgress:
+    """A ``(dataset_version, ranges, max_cursor)`` row as recorded progress."""
+    return VersionProgress(tuple((int(r[0]), int(r[1])) for r in row[1] or ()), row[2])
 
 
 class SqlRegistryOps(SqlArea):
@@ -169,7 +174,4 @@ class SqlRegistryOps(SqlArea):
         rows = await self._fixed_rows(
             "dataset version progress", stmt, {"versions": list(versions)}
         )
-        return {
-            row[0]: VersionProgress(tuple((int(r[0]), int(r[1])) for r in row[1] or ()), row[2])
-            for row in rows
-        }
+        return {row[0]: progress_of(row) for row in rows}

@@ -95,6 +95,7 @@ from trace_core.storage.ports.operator_state import (
     StoredState,
 )
 from trace_core.storage.ports.payload import (
+    ClaimedView,
     PayloadOps,
     VersionPointer,
 )
@@ -165,6 +166,7 @@ __all__ = [
     "CatalogJob",
     "CatalogOps",
     "CatalogTask",
+    "ClaimedView",
     "ConcurrencyOps",
     "CronState",
     "DagDataset",

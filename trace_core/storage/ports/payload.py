@@ -13,7 +13,9 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-__all__ = ["PayloadOps", "VersionPointer"]
+from trace_core.storage.ports.registry import VersionProgress
+
+__all__ = ["ClaimedView", "PayloadOps", "VersionPointer"]
 
 
 @dataclass(frozen=True)
@@ -27,6 +29,19 @@ class VersionPointer:
     range_start: int | None
     range_end: int | None
     dataset_name: str
+
+
+@dataclass(frozen=True)
+class ClaimedView:
+    """What a claim reads after leasing a task, for its payload: the task's
+    status and attempt as they are now, its DAG version's pointers and, when
+    asked for (a source task), the recorded progress of the pointed versions."""
+
+    status: str | None
+    """``None``: the task no longer exists."""
+    attempt: int
+    pointers: list[VersionPointer]
+    progress: dict[uuid.UUID, VersionProgress]
 
 
 class PayloadOps(Protocol):
@@ -50,4 +65,14 @@ class PayloadOps(Protocol):
 
     async def storage_locations(self, versions: Collection[uuid.UUID]) -> dict[uuid.UUID, str]:
         """``storage_location`` of each dataset version of ``versions`` that exists."""
+        ...
+
+    async def claimed_view(
+        self, task_id: uuid.UUID, dag_version_id: uuid.UUID, *, progress: bool
+    ) -> ClaimedView:
+        """The reads a claim makes after leasing ``task_id``: its status and
+        attempt, the pointers of ``dag_version_id`` (as :meth:`version_pointers`)
+        and, with ``progress``, the recorded progress of every pointed version
+        that has some. Reads that do not depend on each other: on Postgres in a
+        statement scope they take ONE round trip."""
         ...
