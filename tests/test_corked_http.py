@@ -17,9 +17,10 @@ from trace_core.api.corked_http import CorkedTransport, http_protocol
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
+@pytest.fixture(params=[{}, {"use_uvloop": True}], ids=["asyncio", "uvloop"])
+def anyio_backend(request: pytest.FixtureRequest) -> tuple[str, dict[str, Any]]:
+    """asyncio's loop and uvloop's (``serve``'s), whose transports differ."""
+    return "asyncio", request.param
 
 
 class Recording(asyncio.Transport):

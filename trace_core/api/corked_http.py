@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, cast
 
 __all__ = ["CorkedTransport", "http_protocol"]
 
@@ -130,8 +130,8 @@ def http_protocol() -> type[asyncio.Protocol] | str:
         """uvicorn's httptools protocol writing through a :class:`CorkedTransport`."""
 
         def connection_made(self, transport: asyncio.BaseTransport) -> None:
-            assert isinstance(transport, asyncio.Transport)
-            corked = CorkedTransport(transport, self.loop)
-            super().connection_made(corked)
+            # uvloop's transports are not asyncio.Transport subclasses: no isinstance.
+            stream = cast(asyncio.Transport, transport)
+            super().connection_made(CorkedTransport(stream, self.loop))
 
     return CorkedHttpToolsProtocol
