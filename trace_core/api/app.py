@@ -5,6 +5,7 @@ the internal task endpoints (:mod:`~trace_core.api.internal`), the v1
 worker contract (:mod:`~trace_core.api.worker_v1`) and the operations
 endpoints (:mod:`~trace_core.api.ops`), behind the internal bearer token
 (:mod:`~trace_core.api.auth`) and the body cap (:mod:`~trace_core.api.limits`),
+the worker's hot routes answered by a light dispatch (:mod:`~trace_core.api.hot_routes`),
 with every error answered as JSON (:mod:`~trace_core.api.errors`). With a
 token verifier, the task-scoped endpoints (:mod:`~trace_core.api.task_scoped`,
 :mod:`~trace_core.api.task_state`)
@@ -32,6 +33,7 @@ from trace_core.api.auth import InternalAuth, check_internal_token
 from trace_core.api.capability import CAPABILITY_HEADER, TASK_PREFIX, CapabilityAuth
 from trace_core.api.errors import add_answer_schemas, install_error_handlers
 from trace_core.api.fields import MAX_WAIT_MS
+from trace_core.api.hot_routes import HotRoutes, hot_routes
 from trace_core.api.internal import internal_router
 from trace_core.api.limits import BodyLimit
 from trace_core.api.ops import health_router, ops_router
@@ -152,7 +154,9 @@ def create_app(
         fallback_scan=cfg.fallback_scan,
         recheck_seconds=cfg.claim_recheck_seconds,
     )
-    app.include_router(internal_router(dispatcher, jwks=jwks))
+    internal = internal_router(dispatcher, jwks=jwks)
+    app.include_router(internal)
+    hot = [*internal.routes]
     app.include_router(worker_router(dispatcher, claimer, max_wait_ms=cfg.max_wait_ms))
     app.include_router(ops_router(dispatcher))
     app.include_router(attempts_router(dispatcher))
@@ -164,7 +168,9 @@ def create_app(
         )
     )
     if verifier is not None:
-        app.include_router(task_router(dispatcher, minter=minter, buffer=buffer))
+        task = task_router(dispatcher, minter=minter, buffer=buffer)
+        app.include_router(task)
+        hot += task.routes
         app.include_router(task_state_router(dispatcher))
         if query is not None:
             app.include_router(query_router(dispatcher, query))
@@ -174,7 +180,9 @@ def create_app(
         app.include_router(people_data_router(dispatcher, catalog, query=query))
         app.include_router(people_control_router(dispatcher, catalog))
     # The last added middleware runs first: authentication, then the body cap,
-    # so an anonymous client cannot make the server buffer a body.
+    # so an anonymous client cannot make the server buffer a body; then the
+    # light dispatch of the worker's hot routes, with the app's error handlers.
+    app.add_middleware(HotRoutes, routes=hot_routes(hot), handlers=app.exception_handlers)
     app.add_middleware(BodyLimit, max_bytes=cfg.max_body_bytes)
     public_prefixes: tuple[str, ...] = ()
     if verifier is not None:

@@ -38,6 +38,7 @@ __all__ = [
     "TaskCapability",
     "bind_capability",
     "capability_error",
+    "claims_of",
     "task_capability",
 ]
 
@@ -116,13 +117,22 @@ class CapabilityAuth:
         await response(scope, receive, send)
 
 
-def task_capability(request: Request) -> CapabilityClaims:
-    """The verified claims :class:`CapabilityAuth` attached to this request."""
-    claims = request.scope.get("state", {}).get(_STATE_KEY)
+def claims_of(scope: Scope) -> CapabilityClaims:
+    """The verified claims :class:`CapabilityAuth` attached to the request of ``scope``."""
+    claims = scope.get("state", {}).get(_STATE_KEY)
     if not isinstance(claims, CapabilityClaims):
         # Only reachable if the route was mounted without the middleware.
         raise CapabilityRefused("missing", f"the {CAPABILITY_HEADER} header is required")
     return claims
+
+
+async def task_capability(request: Request) -> CapabilityClaims:
+    """The verified claims :class:`CapabilityAuth` attached to this request.
+
+    A coroutine on purpose: FastAPI runs a plain function dependency in its
+    thread pool, a thread hop per request for a dictionary look-up.
+    """
+    return claims_of(request.scope)
 
 
 TaskCapability = Annotated[CapabilityClaims, Depends(task_capability)]

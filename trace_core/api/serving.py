@@ -5,7 +5,8 @@ uvicorn with the Dispatcher's services in the app's lifespan, and stops the
 server, then raises, should those services fail: a process is never left
 answering HTTP with no Dispatcher behind it (``trace-lite serve`` and
 ``trace-aws serve`` exit with the error). Services of the profile itself
-(the lite buffer sink) run beside the server and stop with it.
+(the lite buffer sink) run beside the server and stop with it. Each response
+leaves in one socket write (:mod:`~trace_core.api.corked_http`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import anyio
 import uvicorn
 
 from trace_core.api.app import create_app
+from trace_core.api.corked_http import http_protocol
 from trace_core.dispatcher.periodic import PeriodicService
 from trace_core.dispatcher.service import Dispatcher
 from trace_core.errors import TraceError
@@ -75,6 +77,7 @@ async def serve_dispatcher(
             access_log=log_level == "debug",
             lifespan="on",
             server_header=False,
+            http=http_protocol(),
         )
     )
     async with anyio.create_task_group() as group:
