@@ -18,7 +18,9 @@ from tests.capability_fixtures import CAPS_DAG, CAPS_OPERATORS, HEADER, make_kit
 from trace_core.api import create_app
 from trace_core.api.hot_routes import HOT_PATHS, HotRoutes, hot_routes
 from trace_core.api.internal import internal_router
+from trace_core.api.streams import StreamClaimer
 from trace_core.api.task_scoped import task_router
+from trace_core.api.worker_v1 import worker_router
 from trace_core.clock import ManualClock
 from trace_core.dag import parse_dag
 from trace_core.dispatcher.service import Dispatcher
@@ -82,7 +84,8 @@ def _fence(claimed: dict[str, Any], **changed: Any) -> bytes:
 
 async def test_every_hot_path_is_derived_from_its_fastapi_route(repo: SqlRepository) -> None:
     dispatcher = Dispatcher(repo, operators=CAPS_OPERATORS)
-    routes = [*internal_router(dispatcher).routes, *task_router(dispatcher).routes]
+    worker = worker_router(dispatcher, StreamClaimer(dispatcher), max_wait_ms=1000)
+    routes = [*internal_router(dispatcher).routes, *task_router(dispatcher).routes, *worker.routes]
     assert set(hot_routes(routes)) == HOT_PATHS
 
 

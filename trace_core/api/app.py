@@ -157,7 +157,9 @@ def create_app(
     internal = internal_router(dispatcher, jwks=jwks)
     app.include_router(internal)
     hot = [*internal.routes]
-    app.include_router(worker_router(dispatcher, claimer, max_wait_ms=cfg.max_wait_ms))
+    worker = worker_router(dispatcher, claimer, max_wait_ms=cfg.max_wait_ms)
+    app.include_router(worker)
+    hot += worker.routes
     app.include_router(ops_router(dispatcher))
     app.include_router(attempts_router(dispatcher))
     app.include_router(

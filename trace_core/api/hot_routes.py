@@ -50,6 +50,10 @@ HOT_PATHS = frozenset(
         "/v1/task/heartbeat",
         "/v1/task/complete",
         "/v1/task/events",
+        "/internal/worker/claim",
+        "/internal/worker/heartbeat",
+        "/internal/worker/complete",
+        "/internal/worker/fail",
     }
 )
 """The worker's per-task routes (``POST``), answered by :class:`HotRoutes`."""
