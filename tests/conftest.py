@@ -16,6 +16,7 @@ still picks the engine of its databases.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -85,3 +86,28 @@ def clock(trace_clock: ManualClock) -> ManualClock:
 async def repo(database_url: str) -> AsyncIterator[SqlRepository]:
     async with open_repository(database_url) as repository:
         yield repository
+
+
+@pytest.fixture(autouse=True)
+def _logging_restored(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A benchmark's ``main`` run in-process configures logging for a command
+    line (``benchmarks._common.configure_logging``: a stderr handler, whole
+    packages such as ``trace_core.euterpe`` quieted to WARNING). Undo it after
+    each benchmark test, or a later test on the same xdist worker that asserts
+    an INFO line of those packages (``caplog``) sees nothing."""
+    if not request.node.module.__name__.rsplit(".", 1)[-1].startswith("test_benchmark"):
+        yield
+        return
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    levels = {
+        name: logger.level
+        for name, logger in logging.root.manager.loggerDict.items()
+        if isinstance(logger, logging.Logger)
+    }
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+    for name, logger in list(logging.root.manager.loggerDict.items()):
+        if isinstance(logger, logging.Logger):
+            logger.setLevel(levels.get(name, logging.NOTSET))
