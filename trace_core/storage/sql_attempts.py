@@ -28,6 +28,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from trace_core.model import Holder
 from trace_core.storage import schema
+from trace_core.storage.bulk import time_ordered_ids
 from trace_core.storage.ports.attempts import AttemptRecord
 from trace_core.storage.sql_area import SqlArea
 
@@ -324,7 +325,10 @@ class SqlAttemptOps(SqlArea):
         task, made here: the caller may send the statement in the same step as
         the claim's (:meth:`~trace_core.storage.sql.SqlTransaction.claim`).
         ``fresh``: tasks created in this transaction (a plain insert)."""
-        opened = {task_id: uuid.uuid4() for task_id, _ in claimed}
+        # Time-ordered ids: a batch's primary-key entries are appended to the
+        # index's right edge; random ones cost SQLite a page per row.
+        ids = time_ordered_ids(len(claimed))
+        opened = {task_id: made for (task_id, _), made in zip(claimed, ids, strict=True)}
         rows = [
             {
                 "attempt_id": opened[task_id],

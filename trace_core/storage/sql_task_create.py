@@ -38,10 +38,16 @@ from typing import Any
 import sqlalchemy as sa
 
 from trace_core.storage import schema
-from trace_core.storage.bulk import id_block, records_param, wakeup_params, wakeup_rows_sql
+from trace_core.storage.bulk import (
+    consecutive_ids,
+    id_block,
+    records_param,
+    wakeup_params,
+    wakeup_rows_sql,
+)
 from trace_core.storage.protocol import NewTask, TaskWakeup
 
-__all__ = ["NewTaskBatch", "consecutive_ids", "create_tasks_statement", "new_task_batch"]
+__all__ = ["NewTaskBatch", "create_tasks_statement", "new_task_batch"]
 
 _INPUT = """input AS (
     SELECT CAST(:id_prefix || lpad(to_hex(r.n), 8, '0') AS uuid) AS id, r.n, r.job_id,
@@ -121,25 +127,6 @@ class NewTaskBatch:
     keys: Sequence[str | None]
     """The tasks' dedupe keys, in input order."""
     params: dict[str, Any]
-
-
-_new = object.__new__
-_set = object.__setattr__
-_SAFE = uuid.SafeUUID.unknown
-
-
-def consecutive_ids(base: int, count: int) -> list[uuid.UUID]:
-    """``UUID(int=base + n)`` for n in 1..count, made the way ``uuid.UUID``
-    stores itself (its two slots) without its argument parsing: a batch makes
-    thousands, and ``UUID(int=...)`` cost as much as the rest of the batch's
-    encoding."""
-    ids = []
-    for value in range(base + 1, base + count + 1):
-        made = _new(uuid.UUID)
-        _set(made, "int", value)
-        _set(made, "is_safe", _SAFE)
-        ids.append(made)
-    return ids
 
 
 def _array(values: Iterable[str]) -> str:
