@@ -126,6 +126,24 @@ async def test_a_batch_completion_closes_only_the_current_attempts(
     assert [r.status for r in await attempts(repo, b)] == ["Running"]
 
 
+async def test_a_batch_completion_closes_the_record_of_its_own_attempt_only(
+    repo: SqlRepository, clock: ManualClock
+) -> None:
+    tq = queue(repo, clock)
+    (task_id,) = await make_items(repo, TASKS, clock.now(), max_attempts=3)
+    first = (await tq.claim(task_id, "w")).lease
+    assert first is not None
+    assert (await tq.fail(first.fence, "flaky", retry_class=RetryClass.RETRYABLE)).retrying
+    clock.advance(2)  # past the retry delay (1 s)
+    assert await tq.leases.requeue_due() == [task_id]
+    second = (await tq.claim(task_id, "w")).lease
+    assert second is not None and second.attempt == first.attempt + 1
+    assert await tq.complete_many([second.fence, first.fence]) == {task_id}
+    records = sorted(await attempts(repo, task_id), key=lambda r: r.attempt)
+    assert [(r.attempt, r.status) for r in records] == [(1, "Failed"), (2, "Completed")]
+    assert records[1].ended_at == clock.now() and records[0].ended_at != clock.now()
+
+
 async def test_failure_closes_the_attempt_with_a_structured_error(
     repo: SqlRepository, clock: ManualClock
 ) -> None:

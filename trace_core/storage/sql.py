@@ -539,8 +539,9 @@ class SqlTransaction:
             return {row[0] for row in rows} if ids is None else {ids[row[0]] for row in rows}
 
         def closing(rows: Sequence[Any]) -> tuple[sa.Executable, Any] | None:
-            done = done_of(rows)
-            ended = [(_uuid(f.item_id), f.attempt) for f in fences if f.item_id in done]
+            # Each row answers the attempt it completed (see complete_many).
+            keys = [row[0] if ids is None else ids[row[0]] for row in rows]
+            ended = [(_uuid(key), row[1]) for key, row in zip(keys, rows, strict=True)]
             return self.attempts.closing(ended, status="Completed", now=now) if ended else None
 
         with translate_errors(f"complete {queue.name}"):

@@ -344,7 +344,7 @@ class LeaseStatements:
     @functools.cache  # noqa: B019
     def complete_many(self, queue: QueueSpec, sources: frozenset[str]) -> sa.Update:
         """A fenced batch completion joined to its fences (see :meth:`fence_batch`),
-        returning the ids it completed.
+        returning the ids it completed (on SQLite with the attempt of each).
 
         The fences travel as one parameter (arrays for ``unnest`` on Postgres,
         a JSON array of strings for ``json_each`` on SQLite), so the statement
@@ -355,6 +355,10 @@ class LeaseStatements:
         qt = self.table(queue)
         c = qt.c
         returned: sa.ColumnElement[Any] = c.id
+        # SQLite also answers each row's attempt: the caller closes the record
+        # of exactly that attempt (a batch may hold a stale fence of the same
+        # task); Postgres closes it inside the statement.
+        answered: tuple[sa.ColumnElement[Any], ...] = ()
         if self.engine_name == "postgres":
             keys = (
                 sa.func.unnest(
@@ -388,6 +392,7 @@ class LeaseStatements:
                 same_item = returned == item_id
             else:
                 same_item = c.id == sa.cast(item_id, sa.Integer())
+            answered = (qt.attempt,)
             version = sa.func.nullif(sa.func.substr(value.c.value, 43, 10), _NO_VERSION)
             fenced = self.fence_where(
                 qt,
@@ -407,7 +412,7 @@ class LeaseStatements:
                     c.lease_expires_at: None,
                 }
             )
-            .returning(returned)
+            .returning(returned, *answered)
         )
 
     def fence_batch(
