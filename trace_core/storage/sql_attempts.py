@@ -29,7 +29,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from trace_core.model import Holder
 from trace_core.storage import schema
-from trace_core.storage.bulk import time_ordered_ids
+from trace_core.storage.bulk import consecutive_ids, id_block
 from trace_core.storage.ports.attempts import AttemptRecord
 from trace_core.storage.sql_area import SqlArea
 
@@ -244,6 +244,37 @@ def closing_params(
     }
 
 
+def _pairs(pairs: Sequence[tuple[uuid.UUID, int]]) -> str:
+    """SQLite: ``(task_id, attempt)`` pairs as one JSON array of strings, each
+    the attempt in 10 digits, then the task id's 32 hex digits (how the Uuid
+    column stores it): fixed fields that ``substr`` cuts out."""
+    return json.dumps([f"{attempt:010d}{task_id.hex}" for task_id, attempt in pairs])
+
+
+_PAIR_TASK = "substr(f.value, 11)"
+_PAIR_ATTEMPT = "CAST(substr(f.value, 1, 10) AS INTEGER)"
+
+
+@functools.cache
+def _opening_pairs(fresh: bool) -> sa.TextClause:
+    """SQLite: open (``fresh``: insert; else open or reopen, as
+    :func:`_upsert`) the rows of the pairs of ``k_pairs`` (:func:`_pairs`),
+    the n-th (from 1) with the id ``id_prefix`` followed by n in 8 hex digits,
+    which is what :func:`~trace_core.storage.bulk.consecutive_ids` makes."""
+    reopen = ", ".join(f"{name} = excluded.{name}" for name in ("attempt_id", *_REOPENED))
+    conflict = (
+        ""
+        if fresh
+        else f"\nON CONFLICT (task_id, attempt) DO UPDATE SET {reopen}, result = NULL, error = NULL"
+    )
+    a = schema.job_attempts
+    sql = f"""INSERT INTO job_attempts (attempt_id, task_id, attempt, worker_id, status, started_at)
+SELECT :id_prefix || printf('%08x', f.key + 1), {_PAIR_TASK}, {_PAIR_ATTEMPT},
+       :worker_id, 'Running', :now
+FROM json_each(:k_pairs) AS f WHERE true{conflict}"""
+    return sa.text(sql).bindparams(sa.bindparam("now", type_=a.c.started_at.type))
+
+
 @functools.cache
 def _closing_each() -> sa.Update:
     """Close the row of one ``(k_task, k_attempt)`` (sent once per row)."""
@@ -260,17 +291,17 @@ def _closing_each() -> sa.Update:
 
 @functools.cache
 def _closing_pairs() -> sa.Update:
-    """SQLite: close the rows of every pair of ``k_pairs``, a JSON array of
-    ``attempt`` in 10 digits followed by the task id's 32 hex digits (how the
-    Uuid column stores it), found through the ``(task_id, attempt)`` index."""
+    """SQLite: close the rows of every pair of ``k_pairs`` (:func:`_pairs`),
+    found through the ``(task_id, attempt)`` index."""
     a = schema.job_attempts
-    pairs = sa.func.json_each(sa.bindparam("k_pairs", type_=sa.Text())).table_valued("value")
-    keys = sa.select(
-        sa.func.substr(pairs.c.value, 11),
-        sa.cast(sa.func.substr(pairs.c.value, 1, 10), sa.Integer()),
+    keys = sa.text(
+        f"SELECT {_PAIR_TASK} AS task_id, {_PAIR_ATTEMPT} AS attempt FROM json_each(:k_pairs) AS f"
     )
+    pairs = keys.columns(sa.column("task_id"), sa.column("attempt")).subquery()
     return (
-        sa.update(a).where(sa.tuple_(a.c.task_id, a.c.attempt).in_(keys)).values(_closing_values())
+        sa.update(a)
+        .where(sa.tuple_(a.c.task_id, a.c.attempt).in_(sa.select(pairs.c.task_id, pairs.c.attempt)))
+        .values(_closing_values())
     )
 
 
@@ -350,7 +381,7 @@ class SqlAttemptOps(SqlArea):
         worker_id: str,
         now: datetime,
         fresh: bool = False,
-    ) -> tuple[sa.Executable, list[dict[str, Any]], dict[uuid.UUID, uuid.UUID]]:
+    ) -> tuple[sa.Executable, dict[str, Any] | list[dict[str, Any]], dict[uuid.UUID, uuid.UUID]]:
         """The statement and parameter sets that open (or reopen) the rows of the
         claimed ``(task_id, attempt)`` pairs, and the new ``attempt_id`` of each
         task, made here: the caller may send the statement in the same step as
@@ -358,8 +389,19 @@ class SqlAttemptOps(SqlArea):
         ``fresh``: tasks created in this transaction (a plain insert)."""
         # Time-ordered ids: a batch's primary-key entries are appended to the
         # index's right edge; random ones cost SQLite a page per row.
-        ids = time_ordered_ids(len(claimed))
+        prefix = id_block()
+        ids = consecutive_ids(int(prefix, 16) << 32, len(claimed))
         opened = {task_id: made for (task_id, _), made in zip(claimed, ids, strict=True)}
+        if self.engine_name == "sqlite":
+            # One statement for the batch, its ids made by SQLite from the same
+            # block: an executemany of one INSERT per row doubled a batch claim.
+            params = {
+                "k_pairs": _pairs(claimed),
+                "id_prefix": prefix,
+                "worker_id": worker_id,
+                "now": now,
+            }
+            return _opening_pairs(fresh), params, opened
         rows = [
             {
                 "attempt_id": opened[task_id],
@@ -405,8 +447,7 @@ class SqlAttemptOps(SqlArea):
         if self.engine_name == "sqlite":
             # One statement for the whole batch: an executemany of one UPDATE
             # per row tripled the cost of a SQLite batch completion.
-            pairs = json.dumps([f"{attempt:010d}{task_id.hex}" for task_id, attempt in ended])
-            return _closing_pairs(), base | {"k_pairs": pairs}
+            return _closing_pairs(), base | {"k_pairs": _pairs(ended)}
         params = [base | {"k_task": task_id, "k_attempt": attempt} for task_id, attempt in ended]
         return _closing_each(), params
 
