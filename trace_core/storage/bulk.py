@@ -133,12 +133,6 @@ def consecutive_ids(base: int, count: int) -> list[uuid.UUID]:
     return ids
 
 
-def time_ordered_ids(count: int) -> list[uuid.UUID]:
-    """``count`` consecutive ids of a fresh :func:`id_block`, for rows a
-    statement inserts with ids made by the client."""
-    return consecutive_ids(int(id_block(), 16) << 32, count)
-
-
 @asynccontextmanager
 async def unprepared(conn: AsyncConnection) -> AsyncIterator[None]:
     """Run the statements inside without server-side preparation (psycopg).

@@ -25,7 +25,7 @@ from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.dialects import postgresql
 
 from trace_core.model import Holder
 from trace_core.storage import schema
@@ -72,23 +72,6 @@ def _upsert(insert: Any) -> Any:
     fresh = {name: insert.excluded[name] for name in ("attempt_id", *_REOPENED)}
     fresh |= {"result": None, "error": None}
     return insert.on_conflict_do_update(index_elements=[a.c.task_id, a.c.attempt], set_=fresh)
-
-
-@functools.cache
-def _opening_upsert(engine_name: str) -> Any:
-    """The upsert that opens attempt rows, built once per engine: its
-    ``excluded`` columns are new objects per build, which made SQLAlchemy
-    rebuild (and re-key) the statement on every claim."""
-    dialect = postgresql if engine_name == "postgres" else sqlite
-    return _upsert(dialect.insert(schema.job_attempts))
-
-
-@functools.cache
-def _opening_insert(engine_name: str) -> Any:
-    """The plain insert of attempt rows of tasks created in the same
-    transaction (a hand-off's): no row of theirs can exist, so no upsert."""
-    dialect = postgresql if engine_name == "postgres" else sqlite
-    return dialect.insert(schema.job_attempts)
 
 
 @functools.cache
@@ -381,54 +364,28 @@ class SqlAttemptOps(SqlArea):
         worker_id: str,
         now: datetime,
         fresh: bool = False,
-    ) -> tuple[sa.Executable, dict[str, Any] | list[dict[str, Any]], dict[uuid.UUID, uuid.UUID]]:
-        """The statement and parameter sets that open (or reopen) the rows of the
+    ) -> tuple[sa.Executable, dict[str, Any], dict[uuid.UUID, uuid.UUID]]:
+        """SQLite (Postgres opens them inside the claim: :func:`claim_opening_attempts`):
+        the statement and parameters that open (or reopen) the rows of the
         claimed ``(task_id, attempt)`` pairs, and the new ``attempt_id`` of each
-        task, made here: the caller may send the statement in the same step as
-        the claim's (:meth:`~trace_core.storage.sql.SqlTransaction.claim`).
-        ``fresh``: tasks created in this transaction (a plain insert)."""
-        # Time-ordered ids: a batch's primary-key entries are appended to the
-        # index's right edge; random ones cost SQLite a page per row.
+        task, made here: the caller sends the statement in the same step as the
+        claim's (:meth:`~trace_core.storage.sql.SqlTransaction.claim`).
+        ``fresh``: tasks created in this transaction (a plain insert).
+
+        One statement for the batch (an executemany of one INSERT per row
+        doubled a batch claim), its time-ordered ids made by SQLite from the
+        client's id block, so that a batch's primary-key entries are appended
+        to the index's right edge instead of costing a page per row."""
         prefix = id_block()
         ids = consecutive_ids(int(prefix, 16) << 32, len(claimed))
         opened = {task_id: made for (task_id, _), made in zip(claimed, ids, strict=True)}
-        if self.engine_name == "sqlite":
-            # One statement for the batch, its ids made by SQLite from the same
-            # block: an executemany of one INSERT per row doubled a batch claim.
-            params = {
-                "k_pairs": _pairs(claimed),
-                "id_prefix": prefix,
-                "worker_id": worker_id,
-                "now": now,
-            }
-            return _opening_pairs(fresh), params, opened
-        rows = [
-            {
-                "attempt_id": opened[task_id],
-                "task_id": task_id,
-                "attempt": attempt,
-                "worker_id": worker_id,
-                "started_at": now,
-                "status": "Running",
-                "stream": None,
-                "message_id": None,
-                "ended_at": None,
-            }
-            for task_id, attempt in claimed
-        ]
-        build = _opening_insert if fresh else _opening_upsert
-        return build(self.engine_name), rows, opened
-
-    async def open(
-        self, claimed: Sequence[tuple[uuid.UUID, int]], *, worker_id: str, now: datetime
-    ) -> dict[uuid.UUID, uuid.UUID]:
-        """Open (or reopen) the rows of the claimed ``(task_id, attempt)`` pairs;
-        the new ``attempt_id`` of each task."""
-        if not claimed:
-            return {}
-        stmt, rows, opened = self.opening(claimed, worker_id=worker_id, now=now)
-        await self._run("open attempts", stmt, rows)
-        return opened
+        params = {
+            "k_pairs": _pairs(claimed),
+            "id_prefix": prefix,
+            "worker_id": worker_id,
+            "now": now,
+        }
+        return _opening_pairs(fresh), params, opened
 
     def closing(
         self,
