@@ -7,8 +7,11 @@ of tasks as one statement with a handful of parameters, each a whole column:
   (:func:`~trace_core.storage.bulk.id_block` plus the row's ordinal), so no id
   travels and the batch's primary-key entries are appended to the index, not
   scattered over it; the client computes the same ids by integer arithmetic;
-- job ids, attempts and claim-order times are Postgres array literals built
-  with one ``join`` (values formatted once per distinct job and handicap);
+- a batch's tasks mostly share their job, attempts and claim-order delay:
+  those travel once per distinct combination (a "kind": three short array
+  literals), and each task sends only its kind's ordinal (one ``join`` of
+  small integers), so neither the client formats nor the server parses a
+  UUID and a timestamp per task;
 - dedupe keys are one JSON array (quoting done by the C encoder), or NULL
   when no task has one; partitions and pinned inputs one JSON array of
   records, or NULL when no task has any (the common case sends nothing).
@@ -49,16 +52,23 @@ from trace_core.storage.protocol import NewTask, TaskWakeup
 
 __all__ = ["NewTaskBatch", "create_tasks_statement", "new_task_batch"]
 
-_INPUT = """input AS (
-    SELECT CAST(:id_prefix || lpad(to_hex(r.n), 8, '0') AS uuid) AS id, r.n, r.job_id,
-           r.dedupe_key, r.max_attempts, r.queued_at, r.extra
+_INPUT = """kinds AS (
+    SELECT k.job_id, k.max_attempts, k.queued_at, k.kind
     FROM ROWS FROM (
         unnest(CAST(:job_ids AS uuid[])),
-        jsonb_array_elements_text(CAST(:dedupe_keys AS jsonb)),
         unnest(CAST(:max_attempts AS integer[])),
-        unnest(CAST(:queued_at AS timestamptz[])),
+        unnest(CAST(:queued_at AS timestamptz[]))
+    ) WITH ORDINALITY AS k(job_id, max_attempts, queued_at, kind)
+),
+input AS (
+    SELECT CAST(:id_prefix || lpad(to_hex(r.n), 8, '0') AS uuid) AS id, r.n, k.job_id,
+           r.dedupe_key, k.max_attempts, k.queued_at, r.extra
+    FROM ROWS FROM (
+        unnest(CAST(:kinds AS integer[])),
+        jsonb_array_elements_text(CAST(:dedupe_keys AS jsonb)),
         jsonb_array_elements(CAST(:extras AS jsonb))
-    ) WITH ORDINALITY AS r(job_id, dedupe_key, max_attempts, queued_at, extra, n)
+    ) WITH ORDINALITY AS r(kind, dedupe_key, extra, n)
+    JOIN kinds AS k USING (kind)
 )"""
 
 _INSERT = """INSERT INTO tasks (id, job_id, dedupe_key, status, attempt, claim_version,
@@ -135,9 +145,8 @@ def _array(values: Iterable[str]) -> str:
     return "{" + ",".join(values) + "}"
 
 
-_COLUMNS = operator.attrgetter(
-    "job_id", "dedupe_key", "max_attempts", "handicap_seconds", "partitions", "input_versions"
-)
+_COLUMNS = operator.attrgetter("dedupe_key", "partitions", "input_versions")
+_KIND = operator.attrgetter("job_id", "max_attempts", "handicap_seconds")
 
 
 def new_task_batch(
@@ -151,17 +160,18 @@ def new_task_batch(
     # The batch as columns, and each column encoded, by loops that run in C
     # (attrgetter, zip, map, join, count): per task, Python costs more than
     # the server's insert.
-    columns = list(zip(*map(_COLUMNS, tasks), strict=True)) or [()] * 6
-    jobs, keys, attempts, handicaps, partitions, pinned = columns
-    job_hex = {job: job.hex for job in set(jobs)}
-    queued = {h: (now + timedelta(seconds=h)).isoformat() for h in set(handicaps)}
+    columns = list(zip(*map(_COLUMNS, tasks), strict=True)) or [()] * 3
+    keys, partitions, pinned = columns
+    per_task = list(map(_KIND, tasks))
+    kinds = {kind: str(n) for n, kind in enumerate(dict.fromkeys(per_task), start=1)}
     has_extras = partitions.count(None) < count or pinned.count(None) < count
     params: dict[str, Any] = {
         "id_prefix": prefix,
-        "job_ids": _array(map(job_hex.__getitem__, jobs)),
+        "kinds": _array(map(kinds.__getitem__, per_task)),
+        "job_ids": _array(job.hex for job, _, _ in kinds),
+        "max_attempts": _array(str(attempts) for _, attempts, _ in kinds),
+        "queued_at": _array((now + timedelta(seconds=h)).isoformat() for _, _, h in kinds),
         "dedupe_keys": json.dumps(keys) if keys.count(None) < count else None,
-        "max_attempts": _array(map(str, attempts)),
-        "queued_at": _array(map(queued.__getitem__, handicaps)),
         "extras": (
             records_param(
                 [
