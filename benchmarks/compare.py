@@ -31,7 +31,10 @@ pays for the other's dirty pages. Pairs:
     ``ratio_dedupe`` the same with dedupe keys. Trace's side also measures
     its floor (``benchmarks.enqueue --floor``: the same task rows, one bare
     ``INSERT … SELECT unnest(…)`` per batch, no wake-up rows):
-    ``ratio_floor`` (``ratio_dedupe_floor``) is Trace's tasks/s over it.
+    ``ratio_floor`` (``ratio_dedupe_floor``) is Trace's tasks/s over it;
+    ``ratio_floor_peer`` is the floor over PgQueuer (the most any enqueue on
+    the specification's schema could reach), ``ratio_floor_no_fk_peer`` the
+    same floor without the per-row foreign-key check on ``jobs``.
 
 The floor pairs (:mod:`benchmarks._compare_floors`) read Trace against the
 d016d38 baseline or a floor measured in the same run, each with its issue-19
@@ -92,6 +95,8 @@ _EXTRA_FIGURES: dict[str, dict[str, tuple[str, str | None]]] = {
         "dedupe": ("dedupe_tasks_per_s", None),
         "floor": ("tasks_per_s", "floor_tasks_per_s"),
         "dedupe_floor": ("dedupe_tasks_per_s", "dedupe_floor_tasks_per_s"),
+        "floor_peer": ("floor_tasks_per_s", None),
+        "floor_no_fk_peer": ("floor_no_fk_tasks_per_s", None),
     }
 }
 

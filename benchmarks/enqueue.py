@@ -19,6 +19,9 @@ same task rows written bare (:mod:`benchmarks._enqueue_floor`: one
 ``CHECKPOINT``, before or after Trace's part (alternating by run): a row with
 ``mode: enqueue-floor``, and Trace's row of the run carries
 ``floor_tasks_per_s`` and ``share_of_floor`` (its tasks/s over the floor's).
+The floor is then measured again without the foreign key on ``jobs``
+(``no_fk_tasks_per_s``; Trace's row: ``floor_no_fk_tasks_per_s``): what the
+specification's per-row foreign-key check costs.
 """
 
 from __future__ import annotations
@@ -63,6 +66,7 @@ _KEYS = (
     "client_cpu_us_per_task",
     "postgres_cpu_us_per_task",
     "share_of_floor",
+    "no_fk_tasks_per_s",
 )
 
 
@@ -162,16 +166,17 @@ def _measure_floor(dbs: Databases, args: argparse.Namespace, run: int) -> dict[s
     job_id = anyio.run(_floor_job, url, backend="asyncio")
     checkpoint(url)
     log.info("run %d: the floor, %d tasks", run, args.tasks)
-    got = write_floor(
-        url,
-        job_id,
-        tasks=args.tasks,
-        batch=args.batch,
-        dedupe_keys=args.dedupe_keys,
-        postmaster=dbs.postmaster,
-    )
+    shape = {"tasks": args.tasks, "batch": args.batch, "dedupe_keys": args.dedupe_keys}
+    got = write_floor(url, job_id, **shape, postmaster=dbs.postmaster)
+    checkpoint(url)
+    bare = write_floor(url, job_id, **shape, postmaster=dbs.postmaster, foreign_key=False)
     dbs.drop(url)
-    return got
+    return {
+        **got,
+        "verified": got["verified"] and bare["verified"],
+        "no_fk_tasks_per_s": bare["tasks_per_s"],
+        "no_fk_postgres_cpu_us_per_task": bare["postgres_cpu_us_per_task"],
+    }
 
 
 def _measure(dbs: Databases, args: argparse.Namespace, run: int) -> dict[str, Any]:
@@ -207,6 +212,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 emit(floors[-1])
                 row["floor_tasks_per_s"] = floor["tasks_per_s"]
                 row["share_of_floor"] = round(row["tasks_per_s"] / floor["tasks_per_s"], 3)
+                row["floor_no_fk_tasks_per_s"] = floor["no_fk_tasks_per_s"]
             emit(row)
             rows.append(row)
     if args.runs > 1:

@@ -137,6 +137,8 @@ def test_enqueue_floor_is_measured_beside_each_run(
         assert run["share_of_floor"] == pytest.approx(
             run["tasks_per_s"] / floor["tasks_per_s"], abs=0.001
         )
+        # The same rows without the foreign key, in a copy of the table.
+        assert run["floor_no_fk_tasks_per_s"] == floor["no_fk_tasks_per_s"] > 0
     summaries = {r["mode"]: r for r in rows if r.get("summary")}
     assert summaries["enqueue-floor"]["all_verified"] is True
     assert "median_share_of_floor" in summaries["enqueue"]

@@ -146,7 +146,8 @@ def _array(values: Iterable[str]) -> str:
 
 
 _COLUMNS = operator.attrgetter("dedupe_key", "partitions", "input_versions")
-_KIND = operator.attrgetter("job_id", "max_attempts", "handicap_seconds")
+# A job id's integer, not the UUID: a UUID hashes in Python, an int in C.
+_KIND = operator.attrgetter("job_id.int", "max_attempts", "handicap_seconds")
 
 
 def new_task_batch(
@@ -168,7 +169,7 @@ def new_task_batch(
     params: dict[str, Any] = {
         "id_prefix": prefix,
         "kinds": _array(map(kinds.__getitem__, per_task)),
-        "job_ids": _array(job.hex for job, _, _ in kinds),
+        "job_ids": _array(f"{job:032x}" for job, _, _ in kinds),
         "max_attempts": _array(str(attempts) for _, attempts, _ in kinds),
         "queued_at": _array((now + timedelta(seconds=h)).isoformat() for _, _, h in kinds),
         "dedupe_keys": json.dumps(keys) if keys.count(None) < count else None,
