@@ -271,10 +271,10 @@ def _measure(pair: str, run: int, sides: Sides) -> dict[str, Any]:
     ratio = trace_figure / peer_figure if higher_better else peer_figure / trace_figure
     extra: dict[str, Any] = {}
     for name, (key, over) in _EXTRA_FIGURES.get(pair, {}).items():
-        # The figure that is not Trace's or the peer's main one: Trace's
-        # numerator, or the floor it is divided by.
-        shown = key if over is None else over
-        extra[_shown(name, over)] = float(got["trace"][shown])
+        # The figure that is not Trace's or the peer's main one: the
+        # numerator over the peer, or the floor Trace is divided by.
+        shown = _shown(key, over)
+        extra[shown] = float(got["trace"][shown])
         base = peer_figure if over is None else float(got["trace"][over])
         extra[f"ratio_{name}"] = round(float(got["trace"][key]) / base, 3)
     return {
@@ -298,9 +298,10 @@ def _measure_floor_pair(pair: str, engine: str, run: int, sides: FloorSides) -> 
     return {"pair": pair, "engine": engine, "run": run, **got, "load_average_before": load}
 
 
-def _shown(name: str, over: str | None) -> str:
-    """The row key of an extra figure: ``trace_<name>``, or the floor's own key."""
-    return f"trace_{name}" if over is None else over
+def _shown(key: str, over: str | None) -> str:
+    """The row key of an extra figure: the numerator's own key when it is
+    divided by the peer's figure, else the floor's (its divisor's) key."""
+    return key if over is None else over
 
 
 def _peer_summary(pair: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -314,8 +315,8 @@ def _peer_summary(pair: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
         "ratio_median": round(median([r["ratio"] for r in rows]), 3),
         "ratios": [r["ratio"] for r in rows],
     }
-    for name, (_, over) in _EXTRA_FIGURES.get(pair, {}).items():
-        shown = _shown(name, over)
+    for name, (key, over) in _EXTRA_FIGURES.get(pair, {}).items():
+        shown = _shown(key, over)
         summary[f"{shown}_median"] = round(median([r[shown] for r in rows]), 3)
         summary[f"ratio_{name}_median"] = round(median([r[f"ratio_{name}"] for r in rows]), 3)
         summary[f"ratios_{name}"] = [r[f"ratio_{name}"] for r in rows]
