@@ -167,3 +167,42 @@ def test_bad_arguments_are_refused_by_name(
     with pytest.raises(SystemExit):
         module.main(argv)
     assert message in capsys.readouterr().err
+
+
+class _FixedSides:
+    """Sides that answer fixed rows: the arithmetic of a peer pair's row and
+    summary, without the peers' virtualenv."""
+
+    def __init__(self, trace: dict[str, Any], peer: dict[str, Any]) -> None:
+        self.rows = {"trace": trace, "peer": peer}
+
+    def trace(self, pair: str) -> dict[str, Any]:
+        return self.rows["trace"]
+
+    def peer(self, pair: str) -> dict[str, Any]:
+        return self.rows["peer"]
+
+    def settle(self) -> None:
+        return None
+
+
+def test_the_enqueue_pair_divides_each_figure_by_its_own_base() -> None:
+    trace = {
+        "tasks_per_s": 30.0,
+        "dedupe_tasks_per_s": 24.0,
+        "floor_tasks_per_s": 60.0,
+        "dedupe_floor_tasks_per_s": 48.0,
+        "floor_no_fk_tasks_per_s": 120.0,
+    }
+    sides = _FixedSides(trace, {"median_jobs_per_s": 40.0})
+    rows = [compare._measure("postgres-enqueue", run, sides) for run in (0, 1)]  # type: ignore[arg-type]
+    assert [r["first"] for r in rows] == ["trace", "peer"]
+    row = rows[0]
+    assert row["ratio"] == 0.75 and row["ratio_dedupe"] == 0.6
+    assert row["ratio_floor"] == 0.5 and row["ratio_dedupe_floor"] == 0.5
+    assert row["ratio_floor_peer"] == 1.5 and row["ratio_floor_no_fk_peer"] == 3.0
+    assert row["floor_no_fk_tasks_per_s"] == 120.0 and row["dedupe_tasks_per_s"] == 24.0
+    summary = compare._peer_summary("postgres-enqueue", rows)
+    assert summary["ratio_floor_no_fk_peer_median"] == 3.0
+    assert summary["floor_tasks_per_s_median"] == 60.0
+    assert summary["ratios_floor_peer"] == [1.5, 1.5]
