@@ -175,9 +175,10 @@ async def test_route_outcomes_replace_the_status_and_add_the_counts(
     assert (untouched["route_status"], untouched["tasks_created"]) == ("pending", 0)
 
 
-async def test_single_input_events_are_routed_in_one_statement_on_postgres(
-    repo: SqlRepository, clock: ManualClock, world: World, engine: str
+async def test_single_input_events_are_routed_set_based(
+    repo: SqlRepository, clock: ManualClock, world: World
 ) -> None:
+    """One statement on Postgres, a few in the transaction on SQLite: same rows."""
     one, two = await store(repo, clock, world, "1", "2")
     now = clock.now()
     job = SingleInputJob(
@@ -191,12 +192,6 @@ async def test_single_input_events_are_routed_in_one_statement_on_postgres(
     )
     wakeup = TaskWakeup("enqueue_task", ("tasks",))
     async with repo.transaction() as tx:
-        if engine != "postgres":
-            # SQLite routes every batch through the generic planner.
-            assert not tx.routing.routes_in_one_statement
-            with pytest.raises(NotImplementedError):
-                await tx.routing.route_single_input_events([one], [], [job], now=now, wakeup=wakeup)
-            return
         assert tx.routing.routes_in_one_statement
         done = await tx.routing.route_single_input_events(
             [one, two], [two], [job], now=now, wakeup=wakeup

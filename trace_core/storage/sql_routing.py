@@ -49,6 +49,7 @@ from trace_core.storage.ports.routing import (
     Wakeup,
 )
 from trace_core.storage.sql_area import SqlArea, SqlStatements
+from trace_core.storage.sqlite_routing import route_single_input_events_sqlite
 
 __all__ = ["SqlRoutingOps"]
 
@@ -322,7 +323,9 @@ class SqlRoutingOps(SqlArea):
 
     @property
     def routes_in_one_statement(self) -> bool:
-        return self.engine_name == "postgres"
+        # SQLite: a few set-based statements in the caller's transaction
+        # (:mod:`~trace_core.storage.sqlite_routing`), same meaning.
+        return True
 
     async def route_single_input_events(
         self,
@@ -333,8 +336,13 @@ class SqlRoutingOps(SqlArea):
         now: datetime,
         wakeup: Wakeup,
     ) -> SetRoute:
-        if not self.routes_in_one_statement:
-            raise NotImplementedError("set-based routing needs Postgres")
+        if self.engine_name == "sqlite":
+            done = await route_single_input_events_sqlite(
+                self, event_ids, not_current, jobs, now=now, wakeup=wakeup
+            )
+            if done.created:
+                self._sql.channels.update(wakeup.channels)
+            return done
         # Each distinct pinned edge once: its input_versions document is built
         # once per event, not once per task.
         pins: dict[tuple[tuple[str, Any], ...], int] = {}
