@@ -4,7 +4,7 @@ The SQLite side of
 :meth:`~trace_core.storage.ports.routing.RoutingOps.route_single_input_events`
 (Postgres runs it as one statement of data-modifying CTEs,
 :mod:`trace_core.storage.sql_routing`). SQLite has no data-modifying CTEs, so
-the batch is four writes and one count in the caller's transaction, each a
+the batch is four writes and one read in the caller's transaction, each a
 join of the batch's events with its dependents done by SQLite, not a row per
 task built in Python:
 
@@ -19,16 +19,20 @@ task built in Python:
 4. each event's outcome (status, ``routed_at``, added counts, detail).
 
 Every statement derives the candidates, one row per (event, job) whose pinned
-version is the event's, from the same CTE text (:data:`_CANDIDATES`) ordered
-by (event id, job id), so a candidate gets the same id in each. The documents
-are SQLite's JSON (``json_patch`` is ``{**pinned, **unit}`` here: the unit's
-values are scalars), read back as the generic planner writes them.
+version is the event's, from the same CTEs (:func:`_candidates`), and a
+candidate's id from its event's and its job's places in the parameters, so it
+gets the same id in each. A task's ``input_versions`` document is joined as
+text from the pinned edge and the event's unit (no JSON parsed per task);
+an edge naming a unit member is merged by ``json_patch`` instead (it is
+``{**pinned, **unit}`` here: the unit's values are scalars). The (event, job)
+pairs decided are counted per version, not per candidate.
 """
 
 from __future__ import annotations
 
 import json
 import uuid
+from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -58,13 +62,29 @@ def _dashed(column: str) -> str:
 # if created: the block's prefix and (event's place in :ids) x jobs + (job's
 # place in :jobs) + 1, the same in every statement without a sort (a window
 # over the wide rows cost more than the inserts). :ids is a JSON array of
-# distinct 32-hex ids, so each event is one primary-key lookup.
-_CANDIDATES = f"""
+# distinct 32-hex ids, so each event is one primary-key lookup. The columns
+# only the task insert reads (texts and documents built per event and per
+# task) are left out of the other statements (:func:`_candidates`).
+_EV = """
 WITH ev AS MATERIALIZED (
-    SELECT s.key AS n, e.id, e.dataset_uuid, e.dataset_version, e.partition_key,
-           e.received_at, {_dashed("e.id")} AS trigger_id,
+    SELECT s.key AS n, e.id, e.dataset_uuid, e.dataset_version, e.received_at,
            CASE WHEN e.id IN (SELECT value FROM json_each(:not_current))
                 THEN 'not_current' ELSE 'routed' END AS status,
+           coalesce(e.partition_key, 'cursor:' || e.cursor) AS input_key{task_columns}
+    FROM json_each(:ids) AS s JOIN events AS e ON e.id = s.value
+), j AS MATERIALIZED (
+    SELECT key AS n, json_extract(value, '$.job_name') AS job_name,
+           json_extract(value, '$.dataset_version') AS dataset_version{job_columns}
+    FROM json_each(:jobs)
+), cand AS (
+    SELECT ev.id AS event_id, ev.dataset_uuid, ev.received_at, ev.input_key, j.job_name,
+           :id_prefix || printf('%08x', ev.n * :job_count + j.n + 1) AS task_id{cand_columns}
+    FROM ev JOIN j ON j.dataset_version = ev.dataset_version
+)
+"""
+
+_EV_TASK_COLUMNS = f""",
+           e.partition_key, {_dashed("e.id")} AS trigger_id,
            CASE WHEN e.partition_key IS NOT NULL
                 THEN 'partition:' || {_dashed("e.dataset_uuid")} || ':'
                      || {_dashed("e.dataset_version")} || ':' || e.partition_key
@@ -75,26 +95,30 @@ WITH ev AS MATERIALIZED (
                 WHEN e.range_start IS NULL THEN json_object('partition_key', e.partition_key)
                 ELSE json_object('partition_key', e.partition_key,
                                  'start', e.range_start, 'end', e.range_end)
-           END AS unit,
-           coalesce(e.partition_key, 'cursor:' || e.cursor) AS input_key
-    FROM json_each(:ids) AS s JOIN events AS e ON e.id = s.value
-), j AS MATERIALIZED (
-    SELECT key AS n, json_extract(value, '$.job_id') AS job_id,
-           json_extract(value, '$.job_name') AS job_name,
-           json_extract(value, '$.dataset_version') AS dataset_version,
+           END AS unit"""
+
+_JOB_TASK_COLUMNS = """,
+           json_extract(value, '$.job_id') AS job_id,
            json_extract(value, '$.pinned') AS pinned,
            json_extract(value, '$.pinned_head') AS pinned_head,
            json_extract(value, '$.max_attempts') AS max_attempts,
-           json_extract(value, '$.queued_at') AS queued_at
-    FROM json_each(:jobs)
-), cand AS (
-    SELECT ev.id AS event_id, ev.dataset_uuid, ev.partition_key, ev.received_at, ev.unit,
-           ev.input_key, ev.dedupe_key, ev.trigger_id, j.job_id, j.job_name, j.pinned,
-           j.pinned_head,           j.max_attempts, j.queued_at,
-           :id_prefix || printf('%08x', ev.n * :job_count + j.n + 1) AS task_id
-    FROM ev JOIN j ON j.dataset_version = ev.dataset_version
-)
-"""
+           json_extract(value, '$.queued_at') AS queued_at"""
+
+_CAND_TASK_COLUMNS = """,
+           ev.partition_key, ev.unit, ev.dedupe_key, ev.trigger_id, j.job_id, j.pinned,
+           j.pinned_head, j.max_attempts, j.queued_at"""
+
+
+def _candidates(*, for_tasks: bool) -> str:
+    """The candidates' CTEs; with ``for_tasks`` the columns of the task rows too."""
+    if not for_tasks:
+        return _EV.format(task_columns="", job_columns="", cand_columns="")
+    return _EV.format(
+        task_columns=_EV_TASK_COLUMNS,
+        job_columns=_JOB_TASK_COLUMNS,
+        cand_columns=_CAND_TASK_COLUMNS,
+    )
+
 
 # The tasks this batch created: the ids of its block (a primary-key range).
 _MADE = "SELECT id FROM tasks WHERE id BETWEEN :id_low AND :id_high"
@@ -107,7 +131,7 @@ _TASKS = sa.text(
     """
 INSERT INTO tasks (id, job_id, dedupe_key, status, attempt, claim_version, partitions,
                    input_versions, max_attempts, created_at, queued_at)"""
-    + _CANDIDATES
+    + _candidates(for_tasks=True)
     + """SELECT task_id, job_id, dedupe_key, 'Queued', 1, 0,
        CASE WHEN partition_key IS NOT NULL THEN json_array(partition_key) END,
        CASE WHEN pinned_head IS NOT NULL  -- the document as text: no JSON parsed per task
@@ -122,7 +146,7 @@ ON CONFLICT (job_id, dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING"""
 ).bindparams(_NOW)
 
 _INPUTS = sa.text(
-    _CANDIDATES
+    _candidates(for_tasks=False)
     + """
 INSERT INTO task_inputs (task_id, input_dataset_uuid, input_partition_key, input_version)
 SELECT cand.task_id, cand.dataset_uuid, cand.input_key, cand.received_at
@@ -152,7 +176,7 @@ ORDER BY c.low"""
 # Every event of the batch gets its status; one without candidates (no
 # dependent pins its version) adds nothing and has no detail, as on Postgres.
 _OUTCOMES = sa.text(
-    _CANDIDATES
+    _candidates(for_tasks=False)
     + """, outcome AS (
     SELECT cand.event_id, count(t.id) AS created, count(*) - count(t.id) AS existing,
            json_group_object(cand.job_name,
@@ -172,12 +196,13 @@ UPDATE events SET route_status = decided.status,
 FROM decided WHERE events.id = decided.id"""
 ).bindparams(_NOW)
 
-# The (event, job) pairs decided, without building the candidates' columns.
-_DECISIONS = sa.text(
+# The batch's events per version: times the jobs pinning each version, the
+# (event, job) pairs decided.
+_PER_VERSION = sa.text(
     """
-SELECT count(*)
+SELECT e.dataset_version, count(*)
 FROM json_each(:ids) AS s JOIN events AS e ON e.id = s.value
-JOIN json_each(:jobs) AS j ON json_extract(j.value, '$.dataset_version') = e.dataset_version"""
+GROUP BY e.dataset_version"""
 )
 
 
@@ -241,5 +266,7 @@ async def route_single_input_events_sqlite(
         await area._run("route events: task inputs", _INPUTS, params)
         await area._run("route events: wake-ups", _WAKE, params)
     await area._run("route events: outcomes", _OUTCOMES, params)
-    ((decisions,),) = await area._rows("route events: decisions", _DECISIONS, params)
-    return SetRoute(int(created), int(decisions))
+    readers = Counter(job.dataset_version.hex for job in jobs)
+    per_version = await area._rows("route events: decisions", _PER_VERSION, params)
+    decisions = sum(readers[version] * int(n) for version, n in per_version)
+    return SetRoute(int(created), decisions)
