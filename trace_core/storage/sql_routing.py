@@ -11,8 +11,10 @@ the stored event rows and writes tasks, ``task_inputs``, wake-ups and the
 events' outcomes in one statement: no per-task Python and no per-task JSON to
 build, send and parse, which were most of the cost of routing (client and
 server alike). Its meaning is exactly the generic planner's
-(:mod:`trace_core.dispatcher.routing`); multi-input joins, paused jobs and
-SQLite take the generic path. Task ids are time-ordered
+(:mod:`trace_core.dispatcher.routing`); multi-input joins and paused jobs
+take the generic path. SQLite, without data-modifying CTEs, runs the same
+decision as a few statements in the transaction
+(:mod:`~trace_core.storage.sqlite_routing`). Task ids are time-ordered
 (:func:`~trace_core.storage.bulk.id_block`): one statement's tasks are
 consecutive ids, so their primary-key entries are appended, not scattered
 over the index.
