@@ -25,8 +25,8 @@ partition and dependent. Each run is followed by its floor
 (:mod:`benchmarks._routing_floor`, on SQLite
 :mod:`benchmarks._routing_floor_sqlite`) on another fresh database: the bare writes
 of the same task rows, whose time bounds ``events_per_s`` from above. On
-Postgres a second floor follows, on another fresh database: the bare writes of
-every row the specification requires (events, outcomes, tasks,
+both engines a second floor follows, on another fresh database: the bare writes
+of every row the specification requires (events, outcomes, tasks,
 ``task_inputs``, outbox rows), the true floor of routing.
 """
 
@@ -56,7 +56,7 @@ from benchmarks._common import (
     server_cpu_s,
 )
 from benchmarks._routing_floor import write_floor, write_required_floor
-from benchmarks._routing_floor_sqlite import write_sqlite_floor
+from benchmarks._routing_floor_sqlite import write_required_sqlite_floor, write_sqlite_floor
 from trace_core.authoring.events import DatasetEvent
 from trace_core.clock import SystemClock
 from trace_core.dag import DeployResult, deploy, parse_dag
@@ -419,6 +419,16 @@ async def _required_floor(
         events = build_events(pointer.dataset_uuid, pointer.dataset_version, params)
         copies = Counter(e.partition_key for e in events)
         span = params.block_span
+        if repo.engine_name == "sqlite":
+            return await write_required_sqlite_floor(
+                repo,
+                jobs={name: job for name, job in deployed.jobs.items() if name != SOURCE_JOB},
+                dataset=pointer.dataset_uuid,
+                version=pointer.dataset_version,
+                copies=[copies[f"{i * span}-{i * span + span - 1}"] for i in range(params.events)],
+                span=span,
+                parts=params.relay_concurrency,
+            )
         return await write_required_floor(
             repo,
             jobs={name: job for name, job in deployed.jobs.items() if name != SOURCE_JOB},
@@ -513,7 +523,7 @@ def run_routing(
             "events_per_s_ceiling": round(ceiling, 1),
             "share_of_ceiling": round(row["events_per_s"] / ceiling, 3),
         }
-    if params.floor and dbs.engine == "postgres":
+    if params.floor:
         required_url = dbs.fresh(f"routingrequired{run}")
         required = anyio.run(_required_floor, required_url, params, dbs.postmaster)
         dbs.drop(required_url)

@@ -15,15 +15,17 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 import sqlalchemy as sa
 
 from benchmarks._common import utcnow
+from benchmarks._routing_floor import _timed_parts
 from trace_core.storage.bulk import id_block
 from trace_core.storage.sql import SqlRepository
 
-__all__ = ["write_sqlite_floor"]
+__all__ = ["write_required_sqlite_floor", "write_sqlite_floor"]
 
 # SQLite: units x jobs numbered in one fixed order, so that both statements
 # give a row the same id.
@@ -90,3 +92,164 @@ async def write_sqlite_floor(
             await tx.connection.execute(sa.text("SELECT count(*) FROM task_inputs"))
         ).scalar_one()
     return {"seconds": seconds, "rows": int(written), "server_cpu_s": None}
+
+
+# The required-rows floor on SQLite (:func:`write_required_sqlite_floor`): the
+# statements of :mod:`benchmarks._routing_floor`'s ``_ACCEPT`` and ``_ROUTE``,
+# one by one (SQLite has no data-modifying CTEs), in the same two
+# transactions per part. Units are numbered by their place in :copies; an
+# event's id is :prefix and that place, a task's :task_prefix and its unit's
+# place times the jobs plus its job's place.
+_UNIT = """
+SELECT c.key AS k, c.value AS copies, (:lo + c.key) * :span AS first,
+       (:lo + c.key) * :span + :span - 1 AS last,
+       ((:lo + c.key) * :span) || '-' || ((:lo + c.key) * :span + :span - 1) AS partition_key
+FROM json_each(:copies) AS c"""
+
+_EVENT_RANGE = "id BETWEEN :prefix || '00000000' AND :prefix || 'ffffffff'"
+
+_REQ_EVENTS = sa.text(
+    f"""
+INSERT INTO events (id, dataset_uuid, dataset_version, unit_key, cursor, partition_key,
+                    range_start, range_end, origin, received_at, last_received_at,
+                    deliveries, route_status, tasks_created, tasks_existing)
+SELECT :prefix || printf('%08x', u.k + 1), :dataset_hex, :version_hex,
+       'partition:' || u.partition_key, NULL, u.partition_key, u.first, u.last, 'manual',
+       :now, :now, u.copies, 'pending', 0, 0
+FROM ({_UNIT}) AS u ORDER BY u.k"""
+)
+
+_REQ_PROGRESS = sa.text(
+    """
+INSERT INTO dataset_version_progress (dataset_version, dataset_uuid, ranges, max_cursor,
+                                      events, updated_at)
+VALUES (:version_hex, :dataset_hex, '[]', NULL, :units, :now)
+ON CONFLICT (dataset_version) DO UPDATE
+    SET events = dataset_version_progress.events + excluded.events,
+        updated_at = excluded.updated_at"""
+)
+
+
+def _wake_rows(kind: str, source: str, dashed_prefix: str) -> str:
+    """``INSERT INTO outbox`` of ``kind`` rows carrying 500 ids of ``source`` each."""
+    return f"""
+INSERT INTO outbox (kind, payload, status, available_at, attempts, claim_version,
+                    max_attempts, created_at)
+SELECT '{kind}', json_object('{"event_ids" if kind == "route_event" else "task_ids"}',
+                             json_group_array({dashed_prefix} || substr(id, 25))),
+       'Pending', :now, 0, 0, 10, :now
+FROM (SELECT id, (row_number() OVER (ORDER BY id) - 1) / 500 AS chunk FROM ({source}))
+GROUP BY chunk ORDER BY chunk"""
+
+
+_REQ_ROUTE_ROWS = sa.text(
+    _wake_rows("route_event", f"SELECT id FROM events WHERE {_EVENT_RANGE}", ":prefix_dashed")
+    + "\nRETURNING id"
+)
+
+_REQ_TASKS = sa.text(
+    f"""
+WITH ue AS MATERIALIZED (  -- per event, as routing builds them, not per task
+    SELECT u.k, e.partition_key,
+           'partition:' || :dataset || ':' || :version || ':' || e.partition_key AS dedupe_key,
+           json_object('inputs', json_array(json_object(
+                           'dataset_uuid', :dataset, 'dataset_version', :version,
+                           'partition_key', e.partition_key, 'start', e.range_start,
+                           'end', e.range_end)),
+                       'trigger_event_id', :prefix_dashed || substr(e.id, 25)) AS input_versions
+    FROM ({_UNIT}) AS u JOIN events AS e ON e.id = :prefix || printf('%08x', u.k + 1)
+)
+INSERT INTO tasks (id, job_id, dedupe_key, status, attempt, claim_version, partitions,
+                   input_versions, max_attempts, created_at, queued_at)
+SELECT :task_prefix || printf('%08x', ue.k * :jobs_n + j.key + 1), j.value, ue.dedupe_key,
+       'Queued', 1, 0, json_array(ue.partition_key), ue.input_versions, 3, :now, :now
+FROM ue CROSS JOIN json_each(:jobs) AS j ORDER BY 1"""
+)
+
+_REQ_INPUTS = sa.text(
+    f"""
+INSERT INTO task_inputs (task_id, input_dataset_uuid, input_partition_key, input_version)
+SELECT :task_prefix || printf('%08x', u.k * :jobs_n + j.key + 1), :dataset_hex,
+       u.partition_key, :now
+FROM ({_UNIT}) AS u CROSS JOIN json_each(:jobs) AS j ORDER BY 1"""
+)
+
+_REQ_OUTCOMES = sa.text(
+    f"""
+UPDATE events SET route_status = 'routed', routed_at = :now, tasks_created = :jobs_n,
+                  route_detail = :detail
+WHERE {_EVENT_RANGE}"""
+)
+
+_REQ_DONE = sa.text(
+    """
+UPDATE outbox SET status = 'Done', processed_at = :now
+WHERE id IN (SELECT value FROM json_each(:outbox_ids))"""
+)
+
+_REQ_WAKE = sa.text(
+    _wake_rows(
+        "enqueue_task",
+        "SELECT id FROM tasks WHERE id BETWEEN :task_prefix || '00000000' "
+        "AND :task_prefix || 'ffffffff'",
+        ":task_prefix_dashed",
+    )
+)
+
+
+async def write_required_sqlite_floor(
+    repo: SqlRepository,
+    *,
+    jobs: dict[str, uuid.UUID],
+    dataset: uuid.UUID,
+    version: uuid.UUID,
+    copies: Sequence[int],
+    span: int,
+    parts: int,
+) -> dict[str, Any]:
+    """Every row accepting and routing ``len(copies)`` units needs (unit ``i``
+    delivered ``copies[i]`` times) for ``jobs`` (name -> id), bare, as
+    :func:`benchmarks._routing_floor.write_required_floor` writes them on
+    Postgres: ``parts`` accept-then-route pairs of transactions (started
+    together; SQLite runs one writer at a time)."""
+    units = len(copies)
+    bounds = [(units * k // parts, units * (k + 1) // parts) for k in range(parts)]
+    now = utcnow().replace(tzinfo=None).isoformat(sep=" ", timespec="microseconds")
+    common = {
+        "span": span,
+        "dataset": str(dataset),
+        "version": str(version),
+        "dataset_hex": dataset.hex,
+        "version_hex": version.hex,
+        "jobs": json.dumps([job.hex for job in jobs.values()]),
+        "jobs_n": len(jobs),
+        "detail": json.dumps(dict.fromkeys(sorted(jobs), "created")),
+        "now": now,
+    }
+
+    async def part(lo: int, hi: int) -> None:
+        prefix, task_prefix = id_block(), id_block()
+        params = common | {
+            "lo": lo,
+            "units": hi - lo,
+            "copies": json.dumps(list(copies[lo:hi])),
+            "prefix": prefix,
+            "prefix_dashed": str(uuid.UUID(prefix + "00000000"))[:-8],
+            "task_prefix": task_prefix,
+            "task_prefix_dashed": str(uuid.UUID(task_prefix + "00000000"))[:-8],
+        }
+        async with repo.transaction() as tx:
+            await tx.connection.execute(_REQ_EVENTS, params)
+            await tx.connection.execute(_REQ_PROGRESS, params)
+            found = await tx.connection.execute(_REQ_ROUTE_ROWS, params)
+            params["outbox_ids"] = json.dumps([int(row[0]) for row in found])
+        async with repo.transaction() as tx:
+            for stmt in (_REQ_TASKS, _REQ_INPUTS, _REQ_OUTCOMES, _REQ_DONE, _REQ_WAKE):
+                await tx.connection.execute(stmt, params)
+
+    seconds, _ = await _timed_parts(repo, bounds, part, None)
+    async with repo.read() as tx:
+        conn = tx.connection
+        rows = (await conn.execute(sa.text("SELECT count(*) FROM task_inputs"))).scalar_one()
+        events = (await conn.execute(sa.text("SELECT count(*) FROM events"))).scalar_one()
+    return {"seconds": seconds, "server_cpu_s": None, "rows": int(rows), "events": int(events)}

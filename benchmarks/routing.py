@@ -22,7 +22,7 @@ Each run is followed by its floor: the same task and ``task_inputs`` rows
 written bare, by ``INSERT ... SELECT`` in the database (no events, no
 routing); ``events_per_s_ceiling`` = events / that time is what no routing
 code can pass on this machine, and ``share_of_ceiling`` the run's share of it.
-On Postgres a second floor writes every row the specification requires (the
+A second floor (both engines) writes every row the specification requires (the
 events with their deliveries, their outcomes, the tasks and ``task_inputs``,
 the outbox rows and progress row) bare, with no logic:
 ``events_per_s_required_ceiling`` and ``share_of_required_ceiling``

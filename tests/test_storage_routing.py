@@ -175,9 +175,10 @@ async def test_route_outcomes_replace_the_status_and_add_the_counts(
     assert (untouched["route_status"], untouched["tasks_created"]) == ("pending", 0)
 
 
-async def test_single_input_events_are_routed_in_one_statement_on_postgres(
-    repo: SqlRepository, clock: ManualClock, world: World, engine: str
+async def test_single_input_events_are_routed_set_based(
+    repo: SqlRepository, clock: ManualClock, world: World
 ) -> None:
+    """One statement on Postgres, a few in the transaction on SQLite: same rows."""
     one, two = await store(repo, clock, world, "1", "2")
     now = clock.now()
     job = SingleInputJob(
@@ -191,12 +192,6 @@ async def test_single_input_events_are_routed_in_one_statement_on_postgres(
     )
     wakeup = TaskWakeup("enqueue_task", ("tasks",))
     async with repo.transaction() as tx:
-        if engine != "postgres":
-            # SQLite routes every batch through the generic planner.
-            assert not tx.routing.routes_in_one_statement
-            with pytest.raises(NotImplementedError):
-                await tx.routing.route_single_input_events([one], [], [job], now=now, wakeup=wakeup)
-            return
         assert tx.routing.routes_in_one_statement
         done = await tx.routing.route_single_input_events(
             [one, two], [two], [job], now=now, wakeup=wakeup
@@ -235,3 +230,57 @@ async def test_single_input_events_are_routed_in_one_statement_on_postgres(
     assert second["route_status"] == "not_current"
     assert first["route_detail"] == {"read": "existing"}
     assert isinstance(first["routed_at"], datetime)
+
+
+async def test_set_based_routing_builds_range_units_merges_edges_and_chunks_wakeups(
+    repo: SqlRepository, clock: ManualClock, world: World
+) -> None:
+    """Range partitions carry start and end; an edge naming a unit member is
+    replaced by the unit's (``{**pinned, **unit}``); wake-ups hold ``chunk``
+    ids each, in id order; an event no job pins is routed with no detail."""
+    async with repo.transaction() as tx:
+        units = [
+            NewEvent(world.dataset, world.versions["a1"], f"partition:{k}", None, k, s, s + 9, 1)
+            for k, s in (("0-9", 0), ("10-19", 10), ("20-29", 20))
+        ]
+        other = NewEvent(world.dataset, world.versions["a2"], "cursor:9", "9", None, None, None, 1)
+        done = await tx.events.store_events([*units, other], producer=None, now=clock.now())
+    ids = [done.ids[(world.versions["a1"], u.unit_key)] for u in units]
+    unpinned = done.ids[(world.versions["a2"], "cursor:9")]
+    now = clock.now()
+    edge = {"dataset_uuid": str(world.dataset), "start": -1, "where": "x > 1"}
+    job = SingleInputJob(world.jobs["read"], "read", world.versions["a1"], edge, 2, now)
+    async with repo.transaction() as tx:
+        routed = await tx.routing.route_single_input_events(
+            [*ids, unpinned], [], [job], now=now, wakeup=TaskWakeup("enqueue_task", (), chunk=2)
+        )
+    assert routed == SetRoute(created=3, decisions=3)
+    t, o = schema.tasks, schema.outbox
+    async with repo.read() as tx:
+        tasks = (
+            await tx.connection.execute(
+                sa.select(t.c.id, t.c.partitions, t.c.input_versions)
+                .where(t.c.job_id == world.jobs["read"])
+                .order_by(t.c.id)
+            )
+        ).all()
+        wakes = (
+            await tx.connection.execute(
+                sa.select(o.c.payload).where(o.c.kind == "enqueue_task").order_by(o.c.id)
+            )
+        ).all()
+    by_partition = {r.partitions[0]: r.input_versions for r in tasks}
+    assert by_partition["10-19"] == {
+        "inputs": [edge | {"partition_key": "10-19", "start": 10, "end": 19}],
+        "trigger_event_id": str(ids[1]),
+    }
+    assert [w.payload["task_ids"] for w in wakes] == [
+        [str(tasks[0].id), str(tasks[1].id)],
+        [str(tasks[2].id)],
+    ]
+    skipped = await event_row(repo, unpinned)
+    assert (skipped["route_status"], skipped["tasks_created"], skipped["route_detail"]) == (
+        "routed",
+        0,
+        None,
+    )

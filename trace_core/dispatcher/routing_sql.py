@@ -4,11 +4,11 @@ When every dependent an event batch reaches reads a single input (so its
 task's dedupe key is the event's own unit key, its pinned inputs are its one
 edge plus the unit, and it needs no join check) and none of them is paused,
 the whole routing decision is a join of the batch's events with its
-dependents, which the storage runs as one statement where it can
-(:meth:`~trace_core.storage.ports.routing.RoutingOps.route_single_input_events`,
-Postgres). The meaning is exactly the generic planner's
-(:mod:`trace_core.dispatcher.routing`); multi-input joins, paused jobs and
-SQLite take the generic path.
+dependents, which the storage runs set-based
+(:meth:`~trace_core.storage.ports.routing.RoutingOps.route_single_input_events`:
+one statement on Postgres, a few in the transaction on SQLite). The meaning
+is exactly the generic planner's (:mod:`trace_core.dispatcher.routing`);
+multi-input joins and paused jobs take the generic path.
 """
 
 from __future__ import annotations

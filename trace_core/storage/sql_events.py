@@ -24,7 +24,7 @@ from sqlalchemy.dialects import postgresql
 from trace_core.model import TASKS
 from trace_core.ranges import merge_ranges
 from trace_core.storage import schema
-from trace_core.storage.bulk import id_block, records_param, uuid_array
+from trace_core.storage.bulk import records_param, uuid_array
 from trace_core.storage.ports.events import (
     EventKey,
     NewEvent,
@@ -38,6 +38,7 @@ from trace_core.storage.sql_events_accept import ACCEPT_EVENTS
 from trace_core.storage.sql_events_insert import INSERT_EVENTS, insert_events_params
 from trace_core.storage.sql_events_parts import COUNT_CTES, FOLD_MERGE
 from trace_core.storage.sql_leasing import reply_accepted
+from trace_core.storage.sqlite_events import STORE_EVENTS, store_events_params
 
 __all__ = ["SqlEventOps"]
 
@@ -174,38 +175,8 @@ class SqlEventOps(SqlArea):
         copies = {(ev.dataset_version, ev.unit_key): ev.copies for ev in events}
         if self.engine_name == "postgres":
             return await self._store_events_pg(events, copies, producer, now)
-        block = id_block()  # time-ordered ids: appended to the primary key, not scattered
-        rows = [
-            {
-                "id": uuid.UUID(f"{block}{n:08x}"),
-                "dataset_uuid": ev.dataset_uuid,
-                "dataset_version": ev.dataset_version,
-                "unit_key": ev.unit_key,
-                "cursor": ev.cursor,
-                "partition_key": ev.partition_key,
-                "range_start": ev.start,
-                "range_end": ev.end,
-                "origin": "manual" if producer is None else "task",
-                "producer_task_id": None if producer is None else producer[0],
-                "producer_attempt": None if producer is None else producer[1],
-                "received_at": now,
-                "last_received_at": now,
-                "deliveries": ev.copies,
-                "route_status": "pending",
-                "tasks_created": 0,
-                "tasks_existing": 0,
-            }
-            for n, ev in enumerate(events)
-        ]
-        e = schema.events
-        insert = self._tx.insert(e)
-        stmt = insert.on_conflict_do_update(
-            index_elements=[e.c.dataset_version, e.c.unit_key],
-            set_={
-                "deliveries": e.c.deliveries + insert.excluded.deliveries,
-                "last_received_at": insert.excluded.last_received_at,
-            },
-        ).returning(e.c.id, e.c.dataset_version, e.c.unit_key, e.c.deliveries)
+        stmt = STORE_EVENTS  # one JSON parameter (:mod:`~trace_core.storage.sqlite_events`)
+        rows = store_events_params(events, producer=producer, now=now)
         ids: dict[EventKey, uuid.UUID] = {}
         fresh: set[uuid.UUID] = set()
         for row_id, version, unit_key, deliveries in await self._rows("store events", stmt, rows):

@@ -11,8 +11,10 @@ the stored event rows and writes tasks, ``task_inputs``, wake-ups and the
 events' outcomes in one statement: no per-task Python and no per-task JSON to
 build, send and parse, which were most of the cost of routing (client and
 server alike). Its meaning is exactly the generic planner's
-(:mod:`trace_core.dispatcher.routing`); multi-input joins, paused jobs and
-SQLite take the generic path. Task ids are time-ordered
+(:mod:`trace_core.dispatcher.routing`); multi-input joins and paused jobs
+take the generic path. SQLite, without data-modifying CTEs, runs the same
+decision as a few statements in the transaction
+(:mod:`~trace_core.storage.sqlite_routing`). Task ids are time-ordered
 (:func:`~trace_core.storage.bulk.id_block`): one statement's tasks are
 consecutive ids, so their primary-key entries are appended, not scattered
 over the index.
@@ -49,6 +51,7 @@ from trace_core.storage.ports.routing import (
     Wakeup,
 )
 from trace_core.storage.sql_area import SqlArea, SqlStatements
+from trace_core.storage.sqlite_routing import route_single_input_events_sqlite
 
 __all__ = ["SqlRoutingOps"]
 
@@ -322,7 +325,9 @@ class SqlRoutingOps(SqlArea):
 
     @property
     def routes_in_one_statement(self) -> bool:
-        return self.engine_name == "postgres"
+        # SQLite: a few set-based statements in the caller's transaction
+        # (:mod:`~trace_core.storage.sqlite_routing`), same meaning.
+        return True
 
     async def route_single_input_events(
         self,
@@ -333,8 +338,13 @@ class SqlRoutingOps(SqlArea):
         now: datetime,
         wakeup: Wakeup,
     ) -> SetRoute:
-        if not self.routes_in_one_statement:
-            raise NotImplementedError("set-based routing needs Postgres")
+        if self.engine_name == "sqlite":
+            done = await route_single_input_events_sqlite(
+                self, event_ids, not_current, jobs, now=now, wakeup=wakeup
+            )
+            if done.created:
+                self._sql.channels.update(wakeup.channels)
+            return done
         # Each distinct pinned edge once: its input_versions document is built
         # once per event, not once per task.
         pins: dict[tuple[tuple[str, Any], ...], int] = {}

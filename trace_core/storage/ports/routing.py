@@ -145,7 +145,8 @@ class RoutingOps(Protocol):
 
     @property
     def routes_in_one_statement(self) -> bool:
-        """Whether :meth:`route_single_input_events` is available (Postgres)."""
+        """Whether :meth:`route_single_input_events` is available (both SQL
+        engines: one statement on Postgres, a few in the transaction on SQLite)."""
         ...
 
     async def route_single_input_events(
@@ -157,7 +158,8 @@ class RoutingOps(Protocol):
         now: datetime,
         wakeup: Wakeup,
     ) -> SetRoute:
-        """Route the events ``event_ids`` to ``jobs`` in one statement.
+        """Route the events ``event_ids`` to ``jobs`` set-based (one statement
+        on Postgres; on SQLite a few, in the caller's transaction).
 
         For each (event, job) whose pinned version is the event's version,
         creates the task of the event's own unit (dedupe key
