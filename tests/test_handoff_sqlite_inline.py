@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import sqlite3
 import time
+import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -25,6 +26,7 @@ import pytest
 from tests.factories import make_job, wait_until
 from tests.test_handoff import BOUND, Consumer, running, task_row
 from trace_core.clock import ManualClock
+from trace_core.errors import TraceError
 from trace_core.storage import sqlite_direct
 from trace_core.storage.engine import EngineSettings
 from trace_core.storage.protocol import NewTask
@@ -55,6 +57,13 @@ async def counted_hops(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[list[st
         yield hops
 
 
+def inline_connection(repo: SqlRepository) -> Any:
+    """The connection the hand-off keeps for the event loop (None: none open)."""
+    direct = repo._sqlite
+    assert direct is not None
+    return direct._raw._inline_kept
+
+
 async def hand_off(repo: SqlRepository, tq: TaskQueue, job: Any, worker: str) -> Any:
     """One task handed to a consumer waiting for it; the consumer's lease."""
     async with running(Consumer(tq, worker)) as consumer:
@@ -76,9 +85,7 @@ async def test_a_handoff_runs_on_the_loop_on_a_connection_that_never_waits_or_ch
     assert hops == []
     assert lease.item_id == made.task_id
     assert (await task_row(repo, made.task_id))["worker_id"] == "w1"
-    direct = repo._sqlite
-    assert direct is not None
-    kept = direct._raw._inline_kept
+    kept = inline_connection(repo)
     assert kept is not None
     db: Any = kept.dbapi_connection
     assert db.execute("PRAGMA busy_timeout").fetchone() == (0,)
@@ -165,3 +172,21 @@ async def test_a_synchronous_full_repository_never_hands_off_on_the_loop(
         assert lease.item_id == made.task_id
     finally:
         await full.close()
+
+
+async def test_a_refused_handoff_on_the_loop_closes_its_connection_and_the_next_runs_there(
+    repo: SqlRepository, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    job = await make_job(repo, clock.now())
+    tq = TaskQueue(repo, clock=clock)
+    async with running(Consumer(tq, "w1")) as consumer:
+        async with counted_hops(monkeypatch) as hops:
+            with pytest.raises(TraceError):  # no such job: the foreign key refuses it
+                await tq.create([NewTask(uuid.uuid4())])
+        assert hops == [] and inline_connection(repo) is None
+        await consumer.waiting()
+        async with counted_hops(monkeypatch) as hops:
+            [made] = await tq.create([NewTask(job)])
+        [lease] = await consumer.done()
+    assert hops == [] and inline_connection(repo) is not None
+    assert lease.item_id == made.task_id
