@@ -408,6 +408,10 @@ async def test_a_handoff_is_one_commit_in_one_step(
     on Postgres one statement in autocommit on the direct path."""
     job = await make_job(repo, clock.now())
     tq = TaskQueue(repo, clock=clock)
+    # SQLite: the first hand-off opens the event loop's connection on a thread.
+    async with running(Consumer(tq, "w0")) as first:
+        await tq.create([NewTask(job)])
+        await first.done()
     steps: list[str] = []
     target: Any  # what is patched: a module on SQLite, a class on Postgres
     counted: Any

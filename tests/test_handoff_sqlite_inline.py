@@ -78,6 +78,7 @@ async def test_a_handoff_runs_on_the_loop_on_a_connection_that_never_waits_or_ch
 ) -> None:
     job = await make_job(repo, clock.now())
     tq = TaskQueue(repo, clock=clock)
+    await hand_off(repo, tq, job, "w0")  # the first opens the loop's connection
     async with running(Consumer(tq, "w1")) as consumer:
         async with counted_hops(monkeypatch) as hops:
             [made] = await tq.create([NewTask(job)])
@@ -99,6 +100,7 @@ async def test_a_write_lock_held_elsewhere_sends_the_handoff_to_the_thread_and_t
     tq = TaskQueue(repo, clock=clock)
     path = repo.url.sync_url.database
     assert path is not None
+    await hand_off(repo, tq, job, "w0")  # the first opens the loop's connection
     other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     ticks = 0
     made: list[Any] = []
@@ -147,13 +149,15 @@ async def test_every_nth_handoff_goes_through_the_thread_whose_commit_checkpoint
     monkeypatch.setattr(sqlite_direct, "INLINE_CHECKPOINT_EVERY", 2)
     job = await make_job(repo, clock.now())
     tq = TaskQueue(repo, clock=clock)
+    await hand_off(repo, tq, job, "w0")  # the 1st: opens the loop's connection
     per_handoff: list[list[str]] = []
-    for n in range(4):
+    for n in range(1, 5):
         async with counted_hops(monkeypatch) as hops:
             await hand_off(repo, tq, job, f"w{n}")
         # The consumer's own claim_batch hops too; only the hand-off's counts.
         per_handoff.append([h for h in hops if h == "_execute_then_commit"])
-    assert per_handoff == [[], ["_execute_then_commit"], [], ["_execute_then_commit"]]
+    # The 2nd, 3rd, 4th, 5th: every 2nd through the thread.
+    assert per_handoff == [["_execute_then_commit"], [], ["_execute_then_commit"], []]
 
 
 async def test_a_synchronous_full_repository_never_hands_off_on_the_loop(
@@ -179,14 +183,19 @@ async def test_a_refused_handoff_on_the_loop_closes_its_connection_and_the_next_
 ) -> None:
     job = await make_job(repo, clock.now())
     tq = TaskQueue(repo, clock=clock)
+    await hand_off(repo, tq, job, "w0")  # the first opens the loop's connection
     async with running(Consumer(tq, "w1")) as consumer:
         async with counted_hops(monkeypatch) as hops:
             with pytest.raises(TraceError):  # no such job: the foreign key refuses it
                 await tq.create([NewTask(uuid.uuid4())])
         assert hops == [] and inline_connection(repo) is None
         await consumer.waiting()
+        # The next opens a new one on its thread, the one after runs on it.
         async with counted_hops(monkeypatch) as hops:
             [made] = await tq.create([NewTask(job)])
         [lease] = await consumer.done()
-    assert hops == [] and inline_connection(repo) is not None
+    assert hops == ["_execute_then_commit"] and inline_connection(repo) is not None
     assert lease.item_id == made.task_id
+    async with counted_hops(monkeypatch) as hops:
+        await hand_off(repo, tq, job, "w2")
+    assert [h for h in hops if h == "_execute_then_commit"] == []

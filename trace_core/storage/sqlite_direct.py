@@ -363,7 +363,12 @@ class RawWriter:
                     self._kept = None
                     with contextlib.suppress(sqlite3.Error):
                         kept.close()
-            return rows
+        if self._inline:
+            # After the commit: a failure to open it must not fail the
+            # transaction (the next hand-off then takes the thread again).
+            with contextlib.suppress(sqlite3.Error, sa_exc.DBAPIError):
+                self._open_inline()
+        return rows
 
     def try_inline(
         self, stmt: sa.Executable, params: Mapping[str, Any], then: FollowUp
@@ -375,7 +380,9 @@ class RawWriter:
         What bounds the time it holds the loop: its connection has
         ``busy_timeout`` 0, so a write lock held elsewhere (another process,
         another repository on the file) makes ``BEGIN IMMEDIATE`` fail at
-        once instead of waiting; ``wal_autocheckpoint`` 0, so its commit never
+        once instead of waiting (the connection is opened by :meth:`run`, on
+        its thread: until then, and after a failure closed it, hand-offs take
+        the thread path); ``wal_autocheckpoint`` 0, so its commit never
         checkpoints (every :data:`INLINE_CHECKPOINT_EVERY`-th transaction
         goes through the thread path, whose commit does); and it is used only
         when the commit writes the WAL without an fsync. What remains on the
@@ -397,12 +404,7 @@ class RawWriter:
                 raise ConfigurationError("the repository is closed")
             kept = self._inline_kept
             if kept is None:
-                kept = self._engine.raw_connection()
-                kept.detach()
-                self._inline_kept = kept
-                # Never wait for the write lock; never checkpoint (see above).
-                kept.dbapi_connection.execute("PRAGMA busy_timeout=0")  # type: ignore[union-attr]
-                kept.dbapi_connection.execute("PRAGMA wal_autocheckpoint=0")  # type: ignore[union-attr]
+                return None  # opening one may wait: run() does it, on its thread
             db: Any = kept.dbapi_connection
             try:
                 return self._transaction(db, first, bound, then)
@@ -419,6 +421,20 @@ class RawWriter:
                 raise
         finally:
             self._inline_lock.release()
+
+    def _open_inline(self) -> None:
+        """Open the event loop's connection if there is none (on a worker
+        thread: connecting runs the connect hook's PRAGMAs, which may wait)."""
+        with self._inline_lock:
+            if self._inline_kept is not None or self._closed:
+                return
+            kept = self._engine.raw_connection()
+            kept.detach()
+            db: Any = kept.dbapi_connection
+            # Never wait for the write lock; never checkpoint (see try_inline).
+            db.execute("PRAGMA busy_timeout=0")
+            db.execute("PRAGMA wal_autocheckpoint=0")
+            self._inline_kept = kept
 
     def _drop_inline(self, kept: sa.PoolProxiedConnection) -> None:
         """Close the loop's connection after a failure (never reused)."""
