@@ -223,8 +223,9 @@ class DirectScope:
         self, stmt: sa.Executable, params: Mapping[str, Any], then: FollowUp
     ) -> list[tuple[Any, ...]]:
         """:meth:`execute_then`, then the commit and the return of the
-        connection, all in ONE hop (the scope's last step: :meth:`finish`
-        has nothing left to do); ``stmt``'s rows, processed.
+        connection, all in ONE hop, or in none when it can run on the event
+        loop without waiting (:meth:`RawWriter.try_inline`) (the scope's last
+        step: :meth:`finish` has nothing left to do); ``stmt``'s rows, processed.
 
         For a scope of one statement whose floor is a single commit (the
         one-commit hand-off): both statements run on the raw ``sqlite3``
@@ -247,7 +248,7 @@ class DirectScope:
         self, stmt: sa.Executable, params: Mapping[str, Any], then: FollowUp
     ) -> list[tuple[Any, ...]] | None:
         """:meth:`execute_then_commit` on the calling (event loop) thread, if
-        :meth:`RawWriter.try_inline` can; ``None`` otherwise (nothing ran)."""
+        :meth:`RawWriter.try_inline` can; ``None`` otherwise (nothing was written)."""
         # Never block the loop: a step still holding the lock (only an
         # abandoned one) sends this one to the thread path, which waits.
         if not self._lock.acquire(blocking=False):
