@@ -33,9 +33,14 @@ committed with the server's durability, on psycopg in autocommit. SQLite: a
 one-row ``INSERT`` and its commit with Trace's settings (WAL, the same
 ``synchronous``), run on a worker thread as an event loop must run a blocking
 call. Every scenario row carries ``ratio_to_floor``: its median over the
-floor's ``durable_insert_median_ms``. As the load of a shared machine moves
-within a run, ``in-process-handoff`` also measures its own floor, one bare
-insert before each enqueue (``paired_floor_median_ms``,
+floor's ``durable_insert_median_ms``. The SQLite hand-off itself runs on the
+event loop when it can (no thread hop:
+:meth:`~trace_core.storage.sqlite_direct.RawWriter.try_inline`), so the
+SQLite floor row also gives the same insert run on the loop
+(``inline_insert_median_ms``), and the hand-off row its median over that
+(``ratio_to_inline_floor``): the floor measured as the hand-off now runs.
+As the load of a shared machine moves within a run, ``in-process-handoff``
+also measures its own floor, one bare insert before each enqueue (``paired_floor_median_ms``,
 ``ratio_to_paired_floor``). An enqueue-to-claim
 sample needs two durable commits (the enqueue and the claim) and one
 notification; a hand-off needs one commit.
@@ -49,8 +54,8 @@ import queue as queue_mod
 import sqlite3
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import AsyncExitStack, asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from multiprocessing.synchronize import Event
 from typing import Any
@@ -169,33 +174,43 @@ async def _enqueue_paced(
     return committed, durations
 
 
+@contextmanager
+def _sqlite_floor_insert(url: str) -> Iterator[Callable[[], None]]:
+    """SQLite's bare durable insert (a blocking call): a one-row INSERT and
+    its commit on a connection of its own, with Trace's journal mode and
+    ``synchronous``."""
+    from trace_core.storage.engine import EngineSettings
+    from trace_core.storage.url import parse_database_url
+
+    path = parse_database_url(url).sync_url.database
+    assert path is not None
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute(f"PRAGMA synchronous={EngineSettings().sqlite_synchronous.upper()}")
+    conn.execute("CREATE TABLE trace_floor (x int)")
+
+    def insert() -> None:
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute("INSERT INTO trace_floor VALUES (1)")
+        conn.execute("COMMIT")
+
+    try:
+        yield insert
+    finally:
+        conn.close()
+
+
 @asynccontextmanager
 async def _floor_probe(url: str) -> AsyncIterator[Callable[[], Awaitable[None]]]:
     """One bare durable one-row insert, as the ``floor`` row makes it (Postgres:
     psycopg in autocommit; SQLite: Trace's settings, on a worker thread)."""
     if url.startswith("sqlite"):
-        from trace_core.storage.engine import EngineSettings
-        from trace_core.storage.url import parse_database_url
+        with _sqlite_floor_insert(url) as insert:
 
-        path = parse_database_url(url).sync_url.database
-        assert path is not None
-        conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30)
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute(f"PRAGMA synchronous={EngineSettings().sqlite_synchronous.upper()}")
-        conn.execute("CREATE TABLE trace_floor (x int)")
+            async def sqlite_probe() -> None:
+                await anyio.to_thread.run_sync(insert)
 
-        def insert() -> None:
-            conn.execute("BEGIN IMMEDIATE")
-            conn.execute("INSERT INTO trace_floor VALUES (1)")
-            conn.execute("COMMIT")
-
-        async def sqlite_probe() -> None:
-            await anyio.to_thread.run_sync(insert)
-
-        try:
             yield sqlite_probe
-        finally:
-            conn.close()
         return
     import psycopg
 
@@ -267,16 +282,25 @@ async def _floor(url: str, params: LatencyParams) -> dict[str, Any]:
 
 async def _sqlite_floor(url: str, params: LatencyParams) -> dict[str, Any]:
     """SQLite: one-row INSERT + COMMIT with Trace's settings on a worker thread
-    (what an event loop pays: run inline, a blocking commit can deadlock the
-    loop against a writer of its own waiting for the loop)."""
+    (what an event loop pays for a blocking call: run inline, a commit waiting
+    for the write lock can deadlock the loop against a writer of its own), and
+    the same run on the loop, as the hand-off runs when it can never wait."""
     times: list[float] = []
-    async with _floor_probe(url) as probe:
+    inline: list[float] = []
+    with _sqlite_floor_insert(url) as insert:
         for _ in range(params.samples + _WARMUP):
             t0 = time.monotonic()
-            await probe()
+            await anyio.to_thread.run_sync(insert)
             times.append((time.monotonic() - t0) * 1000)
             await anyio.sleep(params.pause)
-    return {"durable_insert_median_ms": round(median(times[_WARMUP:]), 3)}
+            t0 = time.monotonic()
+            insert()
+            inline.append((time.monotonic() - t0) * 1000)
+            await anyio.sleep(params.pause)
+    return {
+        "durable_insert_median_ms": round(median(times[_WARMUP:]), 3),
+        "inline_insert_median_ms": round(median(inline[_WARMUP:]), 3),
+    }
 
 
 async def _in_process(url: str, params: LatencyParams, handoff: bool = False) -> dict[str, Any]:
@@ -510,6 +534,10 @@ def run_latency(
         else:
             row = _report(dbs.engine, scenario, params, raw)
             row["ratio_to_floor"] = round(row["median_ms"] / floor["durable_insert_median_ms"], 3)
+            if scenario == "in-process-handoff" and "inline_insert_median_ms" in floor:
+                row["ratio_to_inline_floor"] = round(
+                    row["median_ms"] / floor["inline_insert_median_ms"], 3
+                )
         row["load_average_before"] = load
         emit(row)
         rows.append(row)
