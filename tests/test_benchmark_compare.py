@@ -120,6 +120,15 @@ def test_handoff_floor_on_both_engines(
         target = summary["targets"]["ratio"]
         assert target["at_most"] == 1.2 and target["median"] == figures["ratio"]
         assert target["met"] is (figures["ratio"] <= 1.2)
+        # SQLite's hand-off runs on the event loop: also read against the insert on the loop.
+        inline = summary["targets"].get("ratio_to_inline_floor")
+        assert (inline is not None) is (row["engine"] == "sqlite")
+        if inline is not None:
+            assert (
+                figures["inline_floor_median_ms"] == (row["floor_row"]["inline_insert_median_ms"])
+            )
+            assert inline["at_most"] == 1.2
+            assert inline["median"] == figures["ratio_to_inline_floor"]
 
 
 def test_enqueue_floor_is_measured_beside_each_run(
