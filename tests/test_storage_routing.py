@@ -233,5 +233,8 @@ async def test_single_input_events_are_routed_in_one_statement_on_postgres(
         1,
     )
     assert second["route_status"] == "not_current"
+    # made by the first statement, which made all it decided: the version's one detail
+    assert (second["tasks_created"], second["tasks_existing"]) == (1, 0)
+    assert second["route_detail"] == {"read": "created"}
     assert first["route_detail"] == {"read": "existing"}
     assert isinstance(first["routed_at"], datetime)

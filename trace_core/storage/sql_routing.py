@@ -59,8 +59,14 @@ __all__ = ["SqlRoutingOps"]
 # dependents with the index of their edge in :pins; cand: one row per (event,
 # job) whose edge pins the event's version, with the id its task gets if
 # created. ins names its arbiter: without one, every unique index
-# (the primary key too) is probed before each insert. made joins on that id,
-# not on the ~100-character dedupe key.
+# (the primary key too) is probed before each insert. tally: tasks created
+# and decisions (each version's dependents per event). When every decision
+# created its task (the common case), made is cand itself and each event's
+# outcome its version's one detail (per_version): no join of cand with the
+# inserted ids and no aggregate per event, about a tenth of the statement.
+# Otherwise made joins cand on the inserted ids (not on the ~100-character
+# dedupe key) and outcomes are aggregated per event; the one-time filters on
+# tally leave the other branch unexecuted.
 _ROUTE = sa.text(
     """
 WITH ev AS (
@@ -108,18 +114,34 @@ WITH ev AS (
     FROM cand ORDER BY task_id
     ON CONFLICT (job_id, dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING
     RETURNING id
-), made AS (
-    SELECT cand.* FROM cand JOIN ins ON ins.id = cand.task_id
+), per_version AS (  -- each version's dependents: how many, and the detail when all are created
+    SELECT dataset_version, count(*) AS jobs,
+           jsonb_object_agg(job_name, 'created') AS all_created
+    FROM j GROUP BY dataset_version
+), tally AS MATERIALIZED (
+    SELECT (SELECT count(*) FROM ins) AS created,
+           (SELECT coalesce(sum(v.jobs), 0) FROM ev JOIN per_version v
+                ON v.dataset_version = ev.dataset_version) AS decisions
+), made AS (  -- narrow: what inputs, outcomes and wake-ups need of the tasks made
+    SELECT task_id, event_id, dataset_uuid, input_key, received_at FROM cand
+    WHERE (SELECT created = decisions FROM tally)  -- all made: no join
+    UNION ALL
+    SELECT cand.task_id, cand.event_id, cand.dataset_uuid, cand.input_key, cand.received_at
+    FROM cand JOIN ins ON ins.id = cand.task_id
+    WHERE (SELECT created < decisions FROM tally)
 ), inputs AS (  -- tasks made just now: no inputs row can exist, so no ON CONFLICT
     INSERT INTO task_inputs (task_id, input_dataset_uuid, input_partition_key, input_version)
     SELECT task_id, dataset_uuid, input_key, received_at FROM made ORDER BY task_id
 ), outcome AS (
-    SELECT cand.event_id, count(made.task_id) AS created,
-           count(*) - count(made.task_id) AS existing,
+    SELECT ev.id AS event_id, v.jobs AS created, 0 AS existing, v.all_created AS detail
+    FROM ev JOIN per_version v ON v.dataset_version = ev.dataset_version
+    WHERE (SELECT created = decisions FROM tally)  -- all made: the version's one detail
+    UNION ALL
+    SELECT cand.event_id, count(made.task_id), count(*) - count(made.task_id),
            jsonb_object_agg(cand.job_name,
                             CASE WHEN made.task_id IS NULL THEN 'existing' ELSE 'created' END)
-               AS detail
     FROM cand LEFT JOIN made ON made.task_id = cand.task_id
+    WHERE (SELECT created < decisions FROM tally)
     GROUP BY cand.event_id
 ), outcomes AS (
     UPDATE events SET route_status = ev.status,
@@ -134,7 +156,7 @@ WITH ev AS (
     + wakeup_rows_sql("made", "task_id")
     + """
 )
-SELECT (SELECT count(*) FROM made), (SELECT count(*) FROM cand)
+SELECT created, decisions FROM tally
 """
 )
 
