@@ -175,12 +175,9 @@ async def test_route_outcomes_replace_the_status_and_add_the_counts(
     assert (untouched["route_status"], untouched["tasks_created"]) == ("pending", 0)
 
 
-async def test_single_input_events_are_routed_in_one_statement_on_postgres(
-    repo: SqlRepository, clock: ManualClock, world: World, engine: str
-) -> None:
-    one, two = await store(repo, clock, world, "1", "2")
-    now = clock.now()
-    job = SingleInputJob(
+def reader_job(world: World, now: datetime) -> SingleInputJob:
+    """The world's single-input reader of version a1, as set-based routing takes it."""
+    return SingleInputJob(
         world.jobs["read"],
         "read",
         world.versions["a1"],
@@ -189,6 +186,14 @@ async def test_single_input_events_are_routed_in_one_statement_on_postgres(
         3,
         now,
     )
+
+
+async def test_single_input_events_are_routed_in_one_statement_on_postgres(
+    repo: SqlRepository, clock: ManualClock, world: World, engine: str
+) -> None:
+    one, two = await store(repo, clock, world, "1", "2")
+    now = clock.now()
+    job = reader_job(world, now)
     wakeup = TaskWakeup("enqueue_task", ("tasks",))
     async with repo.transaction() as tx:
         if engine != "postgres":
@@ -238,3 +243,31 @@ async def test_single_input_events_are_routed_in_one_statement_on_postgres(
     assert second["route_detail"] == {"read": "created"}
     assert first["route_detail"] == {"read": "existing"}
     assert isinstance(first["routed_at"], datetime)
+
+
+async def test_set_based_routing_notifies_in_its_statement_and_wakes_other_processes(
+    repo: SqlRepository, clock: ManualClock, world: World, engine: str, database_url: str
+) -> None:
+    """The statement notifies the wake-up channel itself (no pg_notify trip at
+    commit); another process's listener and this one's are woken at commit."""
+    if engine != "postgres":
+        pytest.skip("set-based routing and LISTEN/NOTIFY are Postgres's")
+    (one,) = await store(repo, clock, world, "1")
+    other = SqlRepository(database_url)
+    try:
+        remote = await other.subscribe("tasks")
+        local = repo.hub.subscribe("tasks")
+        async with repo.transaction() as tx:
+            done = await tx.routing.route_single_input_events(
+                [one],
+                [],
+                [reader_job(world, clock.now())],
+                now=clock.now(),
+                wakeup=TaskWakeup("enqueue_task", ("tasks",)),
+            )
+            assert tx.notified == {"tasks"}  # nothing left to notify at commit
+        assert done == SetRoute(created=1, decisions=1)
+        assert await remote.wait(20)
+        assert await local.wait(0)
+    finally:
+        await other.close()

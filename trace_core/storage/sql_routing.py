@@ -20,6 +20,7 @@ over the index.
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Collection, Sequence
 from datetime import datetime
@@ -155,8 +156,12 @@ WITH ev AS (
     """
     + wakeup_rows_sql("made", "task_id")
     + """
+), note AS (  -- the wake-up channels, when tasks were made: no pg_notify trip at commit
+    SELECT count(pg_notify(ch, '')) AS n
+    FROM jsonb_array_elements_text(CAST(:channels AS jsonb)) AS ch
+    WHERE (SELECT created FROM tally) > 0
 )
-SELECT created, decisions FROM tally
+SELECT created, decisions, (SELECT n FROM note) FROM tally
 """
 )
 
@@ -186,6 +191,8 @@ class _RoutingStatements(SqlStatements, Protocol):
     (:class:`~trace_core.storage.sql.SqlTransaction` has it)."""
 
     channels: set[str]
+    notified: set[str]
+    """Channels a statement notified itself (none is notified again at commit)."""
 
     async def _connection(self) -> AsyncConnection:
         """The transaction's SQLAlchemy connection (to run a statement unprepared)."""
@@ -380,6 +387,7 @@ class SqlRoutingOps(SqlArea):
             "pins": records_param([dict(edge) for edge in pins]),
             "jobs": records_param(rows),
             "id_prefix": id_block(),
+            "channels": json.dumps(sorted(wakeup.channels)),
             **wakeup_params(wakeup, now),
         }
         conn = await self._sql._connection()
@@ -387,9 +395,11 @@ class SqlRoutingOps(SqlArea):
         # the batch size: it estimates one row per CTE and joins thousands by
         # nested loops. Unprepared, each batch is planned with its parameters.
         async with unprepared(conn):
-            created, decisions = (await self._rows("route events", _ROUTE, params))[0]
+            created, decisions, notified = (await self._rows("route events", _ROUTE, params))[0]
         if created:
             self._sql.channels.update(wakeup.channels)
+        if notified:  # the statement notified them: in-process listeners still woken at commit
+            self._sql.notified.update(wakeup.channels)
         return SetRoute(int(created), int(decisions))
 
 
