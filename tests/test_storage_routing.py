@@ -17,6 +17,7 @@ from tests.event_fixtures import World, make_world
 from trace_core.clock import ManualClock
 from trace_core.storage import schema
 from trace_core.storage.ports import (
+    LockedRoute,
     NewEvent,
     RouteOutcome,
     SetRoute,
@@ -271,3 +272,53 @@ async def test_set_based_routing_notifies_in_its_statement_and_wakes_other_proce
         assert await local.wait(0)
     finally:
         await other.close()
+
+
+async def test_lock_and_route_routes_the_pending_events_only_and_holds_their_locks(
+    repo: SqlRepository, clock: ManualClock, world: World, engine: str
+) -> None:
+    """One statement locks the pending events among the ids (each once, unknown
+    and routed ones left out), routes them, and holds their row locks until
+    the transaction ends; versions outside the live ones become not_current."""
+    one, two, routed = await store(repo, clock, world, "1", "2", "3")
+    (old,) = await store(repo, clock, world, "1", version="a2")
+    wakeup = TaskWakeup("enqueue_task", ("tasks",))
+    job = reader_job(world, clock.now())
+    if engine != "postgres":
+        async with repo.transaction() as tx:
+            assert not tx.routing.locks_and_routes_in_one_statement
+            with pytest.raises(NotImplementedError):
+                await tx.routing.lock_and_route_single_input_events(
+                    [one], [world.versions["a1"]], [job], now=clock.now(), wakeup=wakeup
+                )
+        return
+    async with repo.transaction() as tx:
+        await tx.routing.store_route_outcomes(
+            [RouteOutcome(routed, "routed", clock.now(), 0, 0, None)]
+        )
+    e = schema.events
+    grab = sa.select(e.c.id).where(e.c.id == one).with_for_update(nowait=True)
+    async with repo.transaction() as router:
+        done = await router.routing.lock_and_route_single_input_events(
+            [two, one, routed, uuid.uuid4(), one, old],
+            [world.versions["a1"]],
+            [job],
+            now=clock.now(),
+            wakeup=wakeup,
+        )
+        with pytest.raises(Exception, match="lock"):
+            async with repo.transaction() as other:
+                await other.connection.execute(grab)
+        again = await router.routing.lock_and_route_single_input_events(
+            [one, two], [world.versions["a1"]], [job], now=clock.now(), wakeup=wakeup
+        )
+    # one and two made a task each for the reader of a1; old (a2, not live) none
+    assert done == LockedRoute(created=2, decisions=2, events=3, not_current=1)
+    assert again == LockedRoute(created=0, decisions=0, events=0, not_current=0)
+    rows = {i: await event_row(repo, i) for i in (one, two, old, routed)}
+    assert [rows[i]["route_status"] for i in (one, two, old)] == ["routed", "routed", "not_current"]
+    assert rows[one]["route_detail"] == {"read": "created"}
+    assert (rows[old]["tasks_created"], rows[old]["route_detail"]) == (0, None)
+    assert (rows[routed]["tasks_created"], rows[routed]["route_detail"]) == (0, None)
+    async with repo.transaction() as other:
+        assert (await other.connection.execute(grab)).scalar_one() == one

@@ -19,6 +19,7 @@ from trace_core.storage.protocol import Transaction
 __all__ = [
     "Dependent",
     "InputEdge",
+    "every_reactive_dependent",
     "reactive_dependents",
     "reactive_dependents_of",
 ]
@@ -92,8 +93,13 @@ async def reactive_dependents(
 
 async def reactive_dependents_of(tx: Transaction, job_ids: set[uuid.UUID]) -> list[Dependent]:
     """The live reactive jobs among ``job_ids``."""
+    return [job for job in await every_reactive_dependent(tx) if job.job_id in job_ids]
+
+
+async def every_reactive_dependent(tx: Transaction) -> list[Dependent]:
+    """Every live reactive job with inputs."""
     return [
         _dependent(job)
         for job in await live_jobs(tx)
-        if job.job_id in job_ids and job.activation == "reactive" and job.input_datasets
+        if job.activation == "reactive" and job.input_datasets
     ]

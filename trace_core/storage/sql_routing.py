@@ -42,6 +42,7 @@ from trace_core.storage.bulk import (
     wakeup_rows_sql,
 )
 from trace_core.storage.ports.routing import (
+    LockedRoute,
     RouteOutcome,
     SetRoute,
     SingleInputJob,
@@ -52,6 +53,7 @@ from trace_core.storage.ports.routing import (
 from trace_core.storage.sql_area import SqlArea, SqlStatements
 
 __all__ = ["SqlRoutingOps"]
+
 
 # ev: the batch with each event's status and own unit (dedupe key, input
 # entry, task_inputs key); docs: each event's input_versions document for each
@@ -64,16 +66,16 @@ __all__ = ["SqlRoutingOps"]
 # and decisions (each version's dependents per event). When every decision
 # created its task (the common case), made is cand itself and each event's
 # outcome its version's one detail (per_version): no join of cand with the
-# inserted ids and no aggregate per event, about a tenth of the statement.
+# inserted ids and no aggregate per event.
 # Otherwise made joins cand on the inserted ids (not on the ~100-character
 # dedupe key) and outcomes are aggregated per event; the one-time filters on
 # tally leave the other branch unexecuted.
-_ROUTE = sa.text(
-    """
-WITH ev AS (
+def _events(source: str, status: str) -> str:
+    """The ``ev`` CTE: each event of ``source`` (SQL naming the rows as ``e``)
+    with its ``status`` (an SQL expression) and its own unit."""
+    return f"""ev AS (
     SELECT e.id, e.dataset_uuid, e.dataset_version, e.partition_key, e.received_at,
-           CASE WHEN e.id = ANY(CAST(:not_current AS uuid[])) THEN 'not_current' ELSE 'routed'
-           END AS status,
+           {status} AS status,
            CASE WHEN e.partition_key IS NOT NULL
                 THEN 'partition:' || e.dataset_uuid || ':' || e.dataset_version || ':'
                      || e.partition_key
@@ -85,10 +87,12 @@ WITH ev AS (
                                         'start', e.range_start, 'end', e.range_end)
            END AS unit,
            coalesce(e.partition_key, 'cursor:' || e.cursor) AS input_key
-    FROM unnest(CAST(:ids AS uuid[])) AS s(id)
-    JOIN events e ON e.id = s.id
-    WHERE e.id = ANY(CAST(:ids AS uuid[]))  -- a primary-key lookup, not a join with every event
-), docs AS MATERIALIZED (  -- else inlined into cand: built once per task again
+    FROM {source}
+)"""
+
+
+_ROUTE_REST = (
+    """docs AS MATERIALIZED (  -- else inlined into cand: built once per task again
     SELECT ev.*, ARRAY(
         SELECT jsonb_build_object('inputs', jsonb_build_array(p.pinned || ev.unit),
                                   'trigger_event_id', CAST(ev.id AS text))
@@ -161,7 +165,46 @@ WITH ev AS (
     FROM jsonb_array_elements_text(CAST(:channels AS jsonb)) AS ch
     WHERE (SELECT created FROM tally) > 0
 )
-SELECT created, decisions, (SELECT n FROM note) FROM tally
+"""
+)
+"""Everything after ``ev`` (the CTEs ``docs`` to ``note``)."""
+
+_ROUTE = sa.text(
+    "WITH "
+    + _events(
+        # a primary-key lookup, not a join with every event
+        "unnest(CAST(:ids AS uuid[])) AS s(id) JOIN events e ON e.id = s.id\n"
+        "    WHERE e.id = ANY(CAST(:ids AS uuid[]))",
+        "CASE WHEN e.id = ANY(CAST(:not_current AS uuid[])) THEN 'not_current' ELSE 'routed' END",
+    )
+    + ", "
+    + _ROUTE_REST
+    + "SELECT created, decisions, (SELECT n FROM note) FROM tally\n"
+)
+
+# The same, with the pending events locked by the statement itself, in the
+# order lock_pending_events takes (the one order every writer of event rows
+# takes), and each event's status from the live versions: one round trip and
+# one pass over the event rows fewer than locking them first.
+_LOCK_AND_ROUTE = sa.text(
+    """WITH locked AS MATERIALIZED (
+    SELECT e.id, e.dataset_uuid, e.dataset_version, e.cursor, e.partition_key, e.range_start,
+           e.range_end, e.received_at
+    FROM events e
+    WHERE e.id = ANY(CAST(:ids AS uuid[])) AND e.route_status = 'pending'
+    ORDER BY e.dataset_version, e.unit_key COLLATE "C"
+    FOR UPDATE OF e
+), """
+    + _events(
+        "locked AS e",
+        "CASE WHEN e.dataset_version = ANY(CAST(:live AS uuid[])) THEN 'routed' "
+        "ELSE 'not_current' END",
+    )
+    + ", "
+    + _ROUTE_REST
+    + """SELECT created, decisions, (SELECT n FROM note), (SELECT count(*) FROM ev),
+       (SELECT count(*) FROM ev WHERE status = 'not_current')
+FROM tally
 """
 )
 
@@ -364,6 +407,42 @@ class SqlRoutingOps(SqlArea):
     ) -> SetRoute:
         if not self.routes_in_one_statement:
             raise NotImplementedError("set-based routing needs Postgres")
+        params = {"ids": uuid_array(event_ids), "not_current": uuid_array(not_current)}
+        created, decisions = (await self._route(_ROUTE, params, jobs, now, wakeup))[:2]
+        return SetRoute(int(created), int(decisions))
+
+    @property
+    def locks_and_routes_in_one_statement(self) -> bool:
+        return self.engine_name == "postgres"
+
+    async def lock_and_route_single_input_events(
+        self,
+        event_ids: Collection[uuid.UUID],
+        live_versions: Collection[uuid.UUID],
+        jobs: Sequence[SingleInputJob],
+        *,
+        now: datetime,
+        wakeup: Wakeup,
+    ) -> LockedRoute:
+        if not self.locks_and_routes_in_one_statement:
+            raise NotImplementedError("set-based routing needs Postgres")
+        params = {"ids": uuid_array(set(event_ids)), "live": uuid_array(set(live_versions))}
+        created, decisions, _, events, not_current = await self._route(
+            _LOCK_AND_ROUTE, params, jobs, now, wakeup
+        )
+        return LockedRoute(int(created), int(decisions), int(events), int(not_current))
+
+    async def _route(
+        self,
+        statement: sa.TextClause,
+        params: dict[str, Any],
+        jobs: Sequence[SingleInputJob],
+        now: datetime,
+        wakeup: Wakeup,
+    ) -> Sequence[Any]:
+        """Run a set-based routing statement (:data:`_ROUTE` or
+        :data:`_LOCK_AND_ROUTE`) with ``params`` and the jobs' and wake-up's
+        parameters; its answer row (created, decisions, notified, ...)."""
         # Each distinct pinned edge once: its input_versions document is built
         # once per event, not once per task.
         pins: dict[tuple[tuple[str, Any], ...], int] = {}
@@ -381,9 +460,7 @@ class SqlRoutingOps(SqlArea):
                     "queued_at": job.queued_at.isoformat(),
                 }
             )
-        params = {
-            "ids": uuid_array(event_ids),
-            "not_current": uuid_array(not_current),
+        params |= {
             "pins": records_param([dict(edge) for edge in pins]),
             "jobs": records_param(rows),
             "id_prefix": id_block(),
@@ -395,12 +472,12 @@ class SqlRoutingOps(SqlArea):
         # the batch size: it estimates one row per CTE and joins thousands by
         # nested loops. Unprepared, each batch is planned with its parameters.
         async with unprepared(conn):
-            created, decisions, notified = (await self._rows("route events", _ROUTE, params))[0]
-        if created:
+            answer = (await self._rows("route events", statement, params))[0]
+        if answer[0]:  # tasks created
             self._sql.channels.update(wakeup.channels)
-        if notified:  # the statement notified them: in-process listeners still woken at commit
+        if answer[2]:  # the statement notified them: in-process listeners still woken at commit
             self._sql.notified.update(wakeup.channels)
-        return SetRoute(int(created), int(decisions))
+        return tuple(answer)
 
 
 _EVENT_OUTCOME = ("route_status", "routed_at", "tasks_created", "tasks_existing", "route_detail")
