@@ -37,6 +37,7 @@ from trace_core.dispatcher.routing_sql import route_in_sql, set_based, single_in
 from trace_core.dispatcher.topology import (
     Dependent,
     InputEdge,
+    dependents_by_dataset,
     every_reactive_dependent,
     reactive_dependents,
     reactive_dependents_of,
@@ -130,14 +131,28 @@ class EventRouter:
         """Route the pending events among ``event_ids`` in one transaction."""
         report = RouteReport()
         async with self.repo.transaction() as tx:
-            if await self._lock_and_route_in_sql(tx, event_ids, report):
-                return report
+            topology: tuple[list[Dependent], set[uuid.UUID]] | None = None
+            if event_ids and tx.routing.locks_and_routes_in_one_statement:
+                # The topology does not depend on the events: read first, it
+                # lets one statement lock and route them (_lock_and_route_in_sql)
+                topology = (
+                    await every_reactive_dependent(tx),
+                    set(await tx.job_states.paused_jobs()),
+                )
+                if self._all_set_based(*topology):
+                    await self._lock_and_route_in_sql(tx, event_ids, topology[0], report)
+                    return report
             events = await tx.routing.lock_pending_events(event_ids)
             report.events = len(events)
             if not events:
                 return report
-            dependents = await reactive_dependents(tx, {e.dataset_uuid for e in events})
-            paused = set(await tx.job_states.paused_jobs())
+            datasets = {e.dataset_uuid for e in events}
+            if topology is None:
+                dependents = await reactive_dependents(tx, datasets)
+                paused = set(await tx.job_states.paused_jobs())
+            else:  # read above: not twice
+                dependents = dependents_by_dataset(topology[0], datasets)
+                paused = topology[1]
             live = await tx.deploy.live_dataset_versions()
             now = self.clock.now()
             if tx.routing.routes_in_one_statement and self._set_based(dependents, paused):
@@ -181,24 +196,17 @@ class EventRouter:
         return report
 
     async def _lock_and_route_in_sql(
-        self, tx: Transaction, event_ids: Sequence[uuid.UUID], report: RouteReport
-    ) -> bool:
-        """Postgres, when every live reactive job reads one input, none is
-        paused and their settings are valid: lock and route the pending events
-        among ``event_ids`` in one statement, to all of those jobs (each event
-        reaches the ones pinning its version). False, having written nothing,
-        when that does not hold: the caller routes as usual.
-
-        Reading the topology first (it does not depend on the events) saves
-        locking and reading the events in a statement of their own: one round
-        trip and one pass over the event rows per routing transaction.
-        """
-        if not event_ids or not tx.routing.locks_and_routes_in_one_statement:
-            return False
-        jobs = await every_reactive_dependent(tx)
-        paused = set(await tx.job_states.paused_jobs())
-        if not self._all_set_based(jobs, paused):
-            return False
+        self,
+        tx: Transaction,
+        event_ids: Sequence[uuid.UUID],
+        jobs: Sequence[Dependent],
+        report: RouteReport,
+    ) -> None:
+        """Postgres, when every live reactive job (``jobs``) reads one input,
+        none is paused and their settings are valid: lock and route the pending
+        events among ``event_ids`` in one statement, to all of ``jobs`` (each
+        event reaches the ones pinning its version). One round trip and one
+        pass over the event rows fewer than locking them first."""
         live = await tx.deploy.live_dataset_versions()
         now = self.clock.now()
         done = await tx.routing.lock_and_route_single_input_events(
@@ -213,7 +221,6 @@ class EventRouter:
         report.routed = done.events - done.not_current
         report.tasks_created = done.created
         report.tasks_existing = done.decisions - done.created
-        return True
 
     def _set_based(
         self,
