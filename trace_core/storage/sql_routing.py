@@ -15,7 +15,10 @@ server alike). Its meaning is exactly the generic planner's
 SQLite take the generic path. Task ids are time-ordered
 (:func:`~trace_core.storage.bulk.id_block`): one statement's tasks are
 consecutive ids, so their primary-key entries are appended, not scattered
-over the index.
+over the index. When every live reactive job reads one input and none is
+paused, the same statement also locks the events itself
+(:data:`_LOCK_AND_ROUTE`): a routing transaction is then the topology reads,
+that statement (which notifies the wake-up channels too) and the commit.
 """
 
 from __future__ import annotations
