@@ -277,9 +277,10 @@ async def test_set_based_routing_notifies_in_its_statement_and_wakes_other_proce
 async def test_lock_and_route_routes_the_pending_events_only_and_holds_their_locks(
     repo: SqlRepository, clock: ManualClock, world: World, engine: str
 ) -> None:
-    """One statement locks the pending events among the ids (each once, unknown
-    and routed ones left out), routes them, and holds their row locks until
-    the transaction ends; versions outside the live ones become not_current."""
+    """One statement locks the events among the ids (each once), routes the
+    pending ones (unknown and routed ones left out), and holds the row locks
+    until the transaction ends; versions outside the live ones become
+    not_current."""
     one, two, routed = await store(repo, clock, world, "1", "2", "3")
     (old,) = await store(repo, clock, world, "1", version="a2")
     wakeup = TaskWakeup("enqueue_task", ("tasks",))

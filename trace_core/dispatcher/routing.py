@@ -203,8 +203,8 @@ class EventRouter:
         report: RouteReport,
     ) -> None:
         """Postgres, when every live reactive job (``jobs``) reads one input,
-        none is paused and their settings are valid: lock and route the pending
-        events among ``event_ids`` in one statement, to all of ``jobs`` (each
+        none is paused and their settings are valid: lock the events among
+        ``event_ids`` and route the pending ones in one statement, to all of ``jobs`` (each
         event reaches the ones pinning its version). One round trip and one
         pass over the event rows fewer than locking them first."""
         live = await tx.deploy.live_dataset_versions()

@@ -185,21 +185,28 @@ _ROUTE = sa.text(
     + "SELECT created, decisions, (SELECT n FROM note) FROM tally\n"
 )
 
-# The same, with the pending events locked by the statement itself, in the
-# order lock_pending_events takes (the one order every writer of event rows
-# takes), and each event's status from the live versions: one round trip and
-# one pass over the event rows fewer than locking them first.
+# The same, with the events locked by the statement itself, in the order
+# lock_pending_events takes (the one order every writer of event rows takes),
+# and each event's status from the live versions: one round trip and one
+# pass over the event rows fewer than locking them first. Every event among
+# the ids is locked and only the pending ones are routed: with the status
+# test in the locking WHERE, the planner estimated the batch at a couple of
+# rows (its default selectivity, or the share of pending events in the whole
+# table) and joined the events with their outcomes by nested loops, a pass
+# over the batch per event. An event that is not pending any more is rare
+# (a route_event row handled again); its lock only defers an accept's count
+# of its redeliveries to the router, as for any event being routed.
 _LOCK_AND_ROUTE = sa.text(
     """WITH locked AS MATERIALIZED (
     SELECT e.id, e.dataset_uuid, e.dataset_version, e.cursor, e.partition_key, e.range_start,
-           e.range_end, e.received_at
+           e.range_end, e.received_at, e.route_status = 'pending' AS pending
     FROM events e
-    WHERE e.id = ANY(CAST(:ids AS uuid[])) AND e.route_status = 'pending'
+    WHERE e.id = ANY(CAST(:ids AS uuid[]))
     ORDER BY e.dataset_version, e.unit_key COLLATE "C"
     FOR UPDATE OF e
 ), """
     + _events(
-        "locked AS e",
+        "locked AS e WHERE e.pending",
         "CASE WHEN e.dataset_version = ANY(CAST(:live AS uuid[])) THEN 'routed' "
         "ELSE 'not_current' END",
     )

@@ -200,9 +200,10 @@ class RoutingOps(Protocol):
         wakeup: Wakeup,
     ) -> LockedRoute:
         """:meth:`lock_pending_events` and :meth:`route_single_input_events`
-        in one statement: the ``pending`` events among ``event_ids`` are locked
-        (in the order :meth:`lock_pending_events` takes) and routed to ``jobs``,
-        which must hold every single-input dependent any of them can reach;
+        in one statement: the events among ``event_ids`` are locked (in the
+        order :meth:`lock_pending_events` takes; on Postgres the ones no longer
+        pending too) and the ``pending`` ones routed to ``jobs``, which must
+        hold every single-input dependent any of them can reach;
         events of versions outside ``live_versions`` become ``not_current``.
         Returns what was created and decided, and the events found. Only where
         :attr:`locks_and_routes_in_one_statement`; elsewhere it raises
