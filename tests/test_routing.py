@@ -272,6 +272,15 @@ async def test_events_must_name_the_producers_outputs(world: World) -> None:
     with pytest.raises(InvalidInput) as err:
         await world.emit([DatasetEvent(blocks, uuid.uuid4(), cursor=1)])
     assert err.value.field == "events[0].dataset_version"
+    # the error names the first bad event of a request, wherever it stands
+    good = world.cursor("blocks", 1)
+    with pytest.raises(InvalidInput) as err:
+        await world.emit([good, good, DatasetEvent(other, version, cursor=2)])
+    assert err.value.field == "events[2].dataset_uuid"
+    with pytest.raises(InvalidInput) as err:  # another dataset's version
+        await world.emit([good, DatasetEvent(blocks, version, cursor=2), good])
+    assert err.value.field == "events[1].dataset_version"
+    assert "is not a version of dataset" in err.value.reason
 
 
 @pytest.mark.parametrize(

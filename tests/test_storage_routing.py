@@ -17,6 +17,7 @@ from tests.event_fixtures import World, make_world
 from trace_core.clock import ManualClock
 from trace_core.storage import schema
 from trace_core.storage.ports import (
+    LockedRoute,
     NewEvent,
     RouteOutcome,
     SetRoute,
@@ -175,13 +176,9 @@ async def test_route_outcomes_replace_the_status_and_add_the_counts(
     assert (untouched["route_status"], untouched["tasks_created"]) == ("pending", 0)
 
 
-async def test_single_input_events_are_routed_set_based(
-    repo: SqlRepository, clock: ManualClock, world: World
-) -> None:
-    """One statement on Postgres, a few in the transaction on SQLite: same rows."""
-    one, two = await store(repo, clock, world, "1", "2")
-    now = clock.now()
-    job = SingleInputJob(
+def reader_job(world: World, now: datetime) -> SingleInputJob:
+    """The world's single-input reader of version a1, as set-based routing takes it."""
+    return SingleInputJob(
         world.jobs["read"],
         "read",
         world.versions["a1"],
@@ -190,6 +187,15 @@ async def test_single_input_events_are_routed_set_based(
         3,
         now,
     )
+
+
+async def test_single_input_events_are_routed_set_based(
+    repo: SqlRepository, clock: ManualClock, world: World
+) -> None:
+    """One statement on Postgres, a few in the transaction on SQLite: same rows."""
+    one, two = await store(repo, clock, world, "1", "2")
+    now = clock.now()
+    job = reader_job(world, now)
     wakeup = TaskWakeup("enqueue_task", ("tasks",))
     async with repo.transaction() as tx:
         assert tx.routing.routes_in_one_statement
@@ -228,6 +234,9 @@ async def test_single_input_events_are_routed_set_based(
         1,
     )
     assert second["route_status"] == "not_current"
+    # made by the first statement, which made all it decided: the version's one detail
+    assert (second["tasks_created"], second["tasks_existing"]) == (1, 0)
+    assert second["route_detail"] == {"read": "created"}
     assert first["route_detail"] == {"read": "existing"}
     assert isinstance(first["routed_at"], datetime)
 
@@ -284,3 +293,82 @@ async def test_set_based_routing_builds_range_units_merges_edges_and_chunks_wake
         0,
         None,
     )
+
+
+async def test_set_based_routing_notifies_in_its_statement_and_wakes_other_processes(
+    repo: SqlRepository, clock: ManualClock, world: World, engine: str, database_url: str
+) -> None:
+    """The statement notifies the wake-up channel itself (no pg_notify trip at
+    commit); another process's listener and this one's are woken at commit."""
+    if engine != "postgres":
+        pytest.skip("set-based routing and LISTEN/NOTIFY are Postgres's")
+    (one,) = await store(repo, clock, world, "1")
+    other = SqlRepository(database_url)
+    try:
+        remote = await other.subscribe("tasks")
+        local = repo.hub.subscribe("tasks")
+        async with repo.transaction() as tx:
+            done = await tx.routing.route_single_input_events(
+                [one],
+                [],
+                [reader_job(world, clock.now())],
+                now=clock.now(),
+                wakeup=TaskWakeup("enqueue_task", ("tasks",)),
+            )
+            assert tx.notified == {"tasks"}  # nothing left to notify at commit
+        assert done == SetRoute(created=1, decisions=1)
+        assert await remote.wait(20)
+        assert await local.wait(0)
+    finally:
+        await other.close()
+
+
+async def test_lock_and_route_routes_the_pending_events_only_and_holds_their_locks(
+    repo: SqlRepository, clock: ManualClock, world: World, engine: str
+) -> None:
+    """One statement locks the events among the ids (each once), routes the
+    pending ones (unknown and routed ones left out), and holds the row locks
+    until the transaction ends; versions outside the live ones become
+    not_current."""
+    one, two, routed = await store(repo, clock, world, "1", "2", "3")
+    (old,) = await store(repo, clock, world, "1", version="a2")
+    wakeup = TaskWakeup("enqueue_task", ("tasks",))
+    job = reader_job(world, clock.now())
+    if engine != "postgres":
+        async with repo.transaction() as tx:
+            assert not tx.routing.locks_and_routes_in_one_statement
+            with pytest.raises(NotImplementedError):
+                await tx.routing.lock_and_route_single_input_events(
+                    [one], [world.versions["a1"]], [job], now=clock.now(), wakeup=wakeup
+                )
+        return
+    async with repo.transaction() as tx:
+        await tx.routing.store_route_outcomes(
+            [RouteOutcome(routed, "routed", clock.now(), 0, 0, None)]
+        )
+    e = schema.events
+    grab = sa.select(e.c.id).where(e.c.id == one).with_for_update(nowait=True)
+    async with repo.transaction() as router:
+        done = await router.routing.lock_and_route_single_input_events(
+            [two, one, routed, uuid.uuid4(), one, old],
+            [world.versions["a1"]],
+            [job],
+            now=clock.now(),
+            wakeup=wakeup,
+        )
+        with pytest.raises(Exception, match="lock"):
+            async with repo.transaction() as other:
+                await other.connection.execute(grab)
+        again = await router.routing.lock_and_route_single_input_events(
+            [one, two], [world.versions["a1"]], [job], now=clock.now(), wakeup=wakeup
+        )
+    # one and two made a task each for the reader of a1; old (a2, not live) none
+    assert done == LockedRoute(created=2, decisions=2, events=3, not_current=1)
+    assert again == LockedRoute(created=0, decisions=0, events=0, not_current=0)
+    rows = {i: await event_row(repo, i) for i in (one, two, old, routed)}
+    assert [rows[i]["route_status"] for i in (one, two, old)] == ["routed", "routed", "not_current"]
+    assert rows[one]["route_detail"] == {"read": "created"}
+    assert (rows[old]["tasks_created"], rows[old]["route_detail"]) == (0, None)
+    assert (rows[routed]["tasks_created"], rows[routed]["route_detail"]) == (0, None)
+    async with repo.transaction() as other:
+        assert (await other.connection.execute(grab)).scalar_one() == one

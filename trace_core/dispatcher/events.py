@@ -139,9 +139,12 @@ def _check_producer(
         raise StaleClaim(
             "tasks", producer.task_id, f"attempt {attempt} has ended ({status}): it emits nothing"
         )
-    produced = set(found.output_datasets)
+    produced = {d.int for d in found.output_datasets}
+    # uuids hash in Python: compare their integers, distinct ones once
+    if {e.dataset_uuid.int for e in events} <= produced:
+        return
     for i, event in enumerate(events):
-        if event.dataset_uuid not in produced:
+        if event.dataset_uuid.int not in produced:
             raise InvalidInput(
                 f"events[{i}].dataset_uuid",
                 f"dataset {event.dataset_uuid} is not an output of the producing task's job",
@@ -149,6 +152,12 @@ def _check_producer(
 
 
 def _check_versions(owner: Mapping[uuid.UUID, uuid.UUID], events: Sequence[DatasetEvent]) -> None:
+    # Each distinct (version, dataset) pair once, as integers (a uuid hashes in
+    # Python); the event-by-event pass below only names the first bad event.
+    known = {version.int: dataset.int for version, dataset in owner.items()}
+    pairs = {(e.dataset_version.int, e.dataset_uuid.int) for e in events}
+    if all(known.get(version) == dataset for version, dataset in pairs):
+        return
     for i, event in enumerate(events):
         if event.dataset_version not in owner:
             raise InvalidInput(
@@ -163,31 +172,50 @@ def _check_versions(owner: Mapping[uuid.UUID, uuid.UUID], events: Sequence[Datas
 
 def _new_events(events: Sequence[DatasetEvent]) -> list[NewEvent]:
     """The request's distinct units with their copies, in unique-key order."""
-    unique: dict[tuple[uuid.UUID, str], tuple[int, DatasetEvent]] = {}
-    copies: dict[tuple[uuid.UUID, str], int] = {}
+    return _units(events)[0]
+
+
+def _units(events: Sequence[DatasetEvent]) -> tuple[list[NewEvent], list[int]]:
+    """The request's distinct units with their copies, in unique-key order, and
+    for each event the index of its unit in that list."""
+    # Keyed by the version's integer: a uuid hashes and compares in Python, and
+    # a request has hundreds of events. Integers order as uuids do.
+    unique: dict[tuple[int, str], tuple[int, DatasetEvent, str]] = {}
+    copies: dict[tuple[int, str], int] = {}
+    keys = []
     for position, event in enumerate(events):
-        key = (event.dataset_version, event.unit_key)
-        unique.setdefault(key, (position, event))
-        copies[key] = copies.get(key, 0) + 1
-    return [
-        NewEvent(
-            dataset_uuid=ev.dataset_uuid,
-            dataset_version=ev.dataset_version,
-            unit_key=ev.unit_key,
-            cursor=None if ev.cursor is None else str(ev.cursor),
-            partition_key=ev.partition_key,
-            start=ev.start,
-            end=ev.end,
-            copies=copies[key],
-            position=position,
-            # coverage's max_cursor counts integer cursors only (record_coverage)
-            int_cursor=ev.cursor if isinstance(ev.cursor, int) else None,
+        unit_key = event.unit_key
+        key = (event.dataset_version.int, unit_key)
+        keys.append(key)
+        if key in unique:
+            copies[key] += 1
+        else:
+            unique[key] = (position, event, unit_key)
+            copies[key] = 1
+    # In unique-key order, the order routing locks events in
+    # (``RoutingOps.lock_pending_events``): accepts inserting the same
+    # new units wait for each other in one order instead of deadlocking.
+    ordered = sorted(unique)
+    slot = {key: n for n, key in enumerate(ordered)}
+    new = []
+    for key in ordered:
+        position, ev, unit_key = unique[key]
+        new.append(
+            NewEvent(
+                dataset_uuid=ev.dataset_uuid,
+                dataset_version=ev.dataset_version,
+                unit_key=unit_key,
+                cursor=None if ev.cursor is None else str(ev.cursor),
+                partition_key=ev.partition_key,
+                start=ev.start,
+                end=ev.end,
+                copies=copies[key],
+                position=position,
+                # coverage's max_cursor counts integer cursors only (record_coverage)
+                int_cursor=ev.cursor if isinstance(ev.cursor, int) else None,
+            )
         )
-        # In unique-key order, the order routing locks events in
-        # (``RoutingOps.lock_pending_events``): accepts inserting the same
-        # new units wait for each other in one order instead of deadlocking.
-        for key, (position, ev) in sorted(unique.items(), key=lambda item: item[0])
-    ]
+    return new, [slot[key] for key in keys]
 
 
 def _producer_key(producer: Producer | None) -> tuple[uuid.UUID, int] | None:
@@ -217,8 +245,9 @@ async def _accept_in_one_statement(
 ) -> tuple[list[uuid.UUID], set[uuid.UUID]]:
     """Postgres: store, count, fold and write the outbox rows in one statement
     (the same rows as the generic path); the id of each event and the new ids."""
+    units, slots = _units(events)
     stored = await tx.events.accept_in_one_statement(
-        _new_events(events),
+        units,
         producer=_producer_key(producer),
         now=now,
         rows=RouteRows(
@@ -235,5 +264,5 @@ async def _accept_in_one_statement(
         await write_outbox(
             tx, [NewOutboxRow(ROUTE_EVENT, deferred_payload(stored.later, now))], now
         )
-    ids = [stored.ids[(ev.dataset_version, ev.unit_key)] for ev in events]
-    return ids, stored.fresh
+    unit_ids = [stored.ids[(unit.dataset_version, unit.unit_key)] for unit in units]
+    return [unit_ids[slot] for slot in slots], stored.fresh

@@ -33,10 +33,12 @@ from trace_core.clock import Clock, SystemClock
 from trace_core.dag.coverage import Coverage, covers, read_coverage
 from trace_core.dispatcher.periodic import Handicap, no_handicap
 from trace_core.dispatcher.redeliveries import REDELIVERIES, apply_redeliveries
-from trace_core.dispatcher.routing_sql import route_in_sql, set_based
+from trace_core.dispatcher.routing_sql import route_in_sql, set_based, single_input_jobs
 from trace_core.dispatcher.topology import (
     Dependent,
     InputEdge,
+    dependents_by_dataset,
+    every_reactive_dependent,
     reactive_dependents,
     reactive_dependents_of,
 )
@@ -129,12 +131,28 @@ class EventRouter:
         """Route the pending events among ``event_ids`` in one transaction."""
         report = RouteReport()
         async with self.repo.transaction() as tx:
+            topology: tuple[list[Dependent], set[uuid.UUID]] | None = None
+            if event_ids and tx.routing.locks_and_routes_in_one_statement:
+                # The topology does not depend on the events: read first, it
+                # lets one statement lock and route them (_lock_and_route_in_sql)
+                topology = (
+                    await every_reactive_dependent(tx),
+                    set(await tx.job_states.paused_jobs()),
+                )
+                if self._all_set_based(*topology):
+                    await self._lock_and_route_in_sql(tx, event_ids, topology[0], report)
+                    return report
             events = await tx.routing.lock_pending_events(event_ids)
             report.events = len(events)
             if not events:
                 return report
-            dependents = await reactive_dependents(tx, {e.dataset_uuid for e in events})
-            paused = set(await tx.job_states.paused_jobs())
+            datasets = {e.dataset_uuid for e in events}
+            if topology is None:
+                dependents = await reactive_dependents(tx, datasets)
+                paused = set(await tx.job_states.paused_jobs())
+            else:  # read above: not twice
+                dependents = dependents_by_dataset(topology[0], datasets)
+                paused = topology[1]
             live = await tx.deploy.live_dataset_versions()
             now = self.clock.now()
             if tx.routing.routes_in_one_statement and self._set_based(dependents, paused):
@@ -177,6 +195,33 @@ class EventRouter:
             await tx.routing.store_route_outcomes(updates)
         return report
 
+    async def _lock_and_route_in_sql(
+        self,
+        tx: Transaction,
+        event_ids: Sequence[uuid.UUID],
+        jobs: Sequence[Dependent],
+        report: RouteReport,
+    ) -> None:
+        """Postgres, when every live reactive job (``jobs``) reads one input,
+        none is paused and their settings are valid: lock the events among
+        ``event_ids`` and route the pending ones in one statement, to all of ``jobs`` (each
+        event reaches the ones pinning its version). One round trip and one
+        pass over the event rows fewer than locking them first."""
+        live = await tx.deploy.live_dataset_versions()
+        now = self.clock.now()
+        done = await tx.routing.lock_and_route_single_input_events(
+            event_ids,
+            live,
+            single_input_jobs([(job, self.handicap(job.priority_tier)) for job in jobs], now),
+            now=now,
+            wakeup=self.tasks.wakeup,
+        )
+        report.events = done.events
+        report.not_current = done.not_current
+        report.routed = done.events - done.not_current
+        report.tasks_created = done.created
+        report.tasks_existing = done.decisions - done.created
+
     def _set_based(
         self,
         dependents: Mapping[uuid.UUID, list[tuple[Dependent, InputEdge]]],
@@ -186,8 +231,14 @@ class EventRouter:
         single-input dependents, none paused, valid task settings (else the
         generic path decides, and rejects bad settings with its errors)."""
         jobs = [job for deps in dependents.values() for job, _ in deps]
-        return set_based(dependents) and all(
-            job.job_id not in paused
+        return set_based(dependents) and self._all_set_based(jobs, paused)
+
+    def _all_set_based(self, jobs: Sequence[Dependent], paused: set[uuid.UUID]) -> bool:
+        """Whether one set-based statement can route to ``jobs``: each reads
+        one input, none is paused, their task settings are valid."""
+        return all(
+            len(job.inputs) == 1
+            and job.job_id not in paused
             and job.max_attempts >= 1
             and self.handicap(job.priority_tier) >= 0
             for job in jobs

@@ -21,7 +21,7 @@ from trace_core.dispatcher.topology import Dependent, InputEdge
 from trace_core.storage.ports.routing import SetRoute, SingleInputJob
 from trace_core.storage.protocol import TaskWakeup, Transaction
 
-__all__ = ["SetRoute", "route_in_sql", "set_based"]
+__all__ = ["SetRoute", "route_in_sql", "set_based", "single_input_jobs"]
 
 
 def set_based(dependents: Mapping[uuid.UUID, list[tuple[Dependent, InputEdge]]]) -> bool:
@@ -47,7 +47,17 @@ async def route_in_sql(
     built on the server, so no task id makes a round trip), and stores each
     event's outcome, in the caller's transaction.
     """
-    rows = [
+    return await tx.routing.route_single_input_events(
+        event_ids, list(not_current), single_input_jobs(jobs, now), now=now, wakeup=wakeup
+    )
+
+
+def single_input_jobs(
+    jobs: Sequence[tuple[Dependent, float]], now: datetime
+) -> list[SingleInputJob]:
+    """``jobs`` (single-input dependents, each with its tier's handicap in
+    seconds) as the set-based statements take them."""
+    return [
         SingleInputJob(
             job_id=job.job_id,
             job_name=job.job_name,
@@ -58,6 +68,3 @@ async def route_in_sql(
         )
         for job, handicap in jobs
     ]
-    return await tx.routing.route_single_input_events(
-        event_ids, list(not_current), rows, now=now, wakeup=wakeup
-    )

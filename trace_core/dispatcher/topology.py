@@ -9,6 +9,7 @@ version of its DAG version, with their ``where`` filters.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -19,6 +20,8 @@ from trace_core.storage.protocol import Transaction
 __all__ = [
     "Dependent",
     "InputEdge",
+    "dependents_by_dataset",
+    "every_reactive_dependent",
     "reactive_dependents",
     "reactive_dependents_of",
 ]
@@ -79,11 +82,15 @@ async def reactive_dependents(
     tx: Transaction, dataset_uuids: set[uuid.UUID]
 ) -> dict[uuid.UUID, list[tuple[Dependent, InputEdge]]]:
     """For each of ``dataset_uuids``, the live reactive jobs reading it and the edge."""
+    return dependents_by_dataset(await every_reactive_dependent(tx), dataset_uuids)
+
+
+def dependents_by_dataset(
+    dependents: Sequence[Dependent], dataset_uuids: set[uuid.UUID]
+) -> dict[uuid.UUID, list[tuple[Dependent, InputEdge]]]:
+    """For each of ``dataset_uuids``, the ``dependents`` reading it and the edge."""
     found: dict[uuid.UUID, list[tuple[Dependent, InputEdge]]] = {}
-    for job in await live_jobs(tx):
-        if job.activation != "reactive" or not job.input_datasets:
-            continue
-        dependent = _dependent(job)
+    for dependent in dependents:
         for edge in dependent.inputs:
             if edge.dataset_uuid in dataset_uuids:
                 found.setdefault(edge.dataset_uuid, []).append((dependent, edge))
@@ -92,8 +99,13 @@ async def reactive_dependents(
 
 async def reactive_dependents_of(tx: Transaction, job_ids: set[uuid.UUID]) -> list[Dependent]:
     """The live reactive jobs among ``job_ids``."""
+    return [job for job in await every_reactive_dependent(tx) if job.job_id in job_ids]
+
+
+async def every_reactive_dependent(tx: Transaction) -> list[Dependent]:
+    """Every live reactive job with inputs."""
     return [
         _dependent(job)
         for job in await live_jobs(tx)
-        if job.job_id in job_ids and job.activation == "reactive" and job.input_datasets
+        if job.activation == "reactive" and job.input_datasets
     ]

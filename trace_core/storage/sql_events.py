@@ -217,7 +217,7 @@ class SqlEventOps(SqlArea):
         unseen: list[NewEvent] = []
         notified = False
         answered = await self._fixed_rows("accept events", ACCEPT_EVENTS, params)
-        for event, (_, _, inserted, stored, _, note) in zip(events, answered, strict=True):
+        for event, (inserted, stored, note) in zip(events, answered, strict=True):
             notified = notified or bool(note)
             key = (event.dataset_version, event.unit_key)
             if inserted is not None:

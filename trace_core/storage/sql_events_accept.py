@@ -89,17 +89,17 @@ WITH r AS MATERIALIZED (
     SELECT count(pg_notify(CAST(:channel AS text), '')) AS n
     FROM (SELECT 1 FROM out LIMIT 1) AS written
 )
-SELECT r.dataset_version, r.unit_key, ins.id, found.id, bumped.id IS NOT NULL,
-       (SELECT n FROM note)
+SELECT ins.id, found.id, (SELECT n FROM note)
 FROM r
 LEFT JOIN ins ON ins.dataset_version = r.dataset_version AND ins.unit_key = r.unit_key
 LEFT JOIN found ON found.dataset_version = r.dataset_version AND found.unit_key = r.unit_key
-LEFT JOIN bumped ON bumped.id = found.id
 ORDER BY r.n
 """
 ).bindparams(sa.bindparam("now", type_=schema.events.c.received_at.type))
 """The statement. Its parameters: :func:`~trace_core.storage.sql_events_insert.insert_events_params`
 (with ``fold``) plus the outbox rows' (``kind``, ``ids_key``, ``chunk``,
-``deferred_key``, ``at``, ``max_attempts``, ``channel``). One row per unit:
-``(dataset_version, unit_key, id if inserted, id if stored before, counted
-now, notified)``; a unit with neither id was stored meanwhile."""
+``deferred_key``, ``at``, ``max_attempts``, ``channel``). One row per unit,
+in the order given: ``(id if inserted, id if stored before, notified)``; a
+unit with neither id was stored meanwhile. Nothing else comes back: the
+caller knows each unit's key, and every column answered is decoded on the
+client (a uuid per row is an object to build)."""

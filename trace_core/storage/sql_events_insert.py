@@ -100,11 +100,13 @@ def insert_events_params(
     """The parameters of :data:`INSERT_EVENTS` for ``events`` (in insert order)
     accepted at ``now`` from ``producer`` (``None``: a manual event); with
     ``fold``, those of :func:`rows_from`'s extra columns too."""
-    hexes: dict[uuid.UUID, str] = {}
+    hexes: dict[int, str] = {}
 
     def hexed(value: uuid.UUID) -> str:
         # few distinct datasets and versions per request: format each once
-        return hexes.get(value) or hexes.setdefault(value, value.hex)
+        # (keyed by its integer: a uuid hashes in Python)
+        number = value.int
+        return hexes.get(number) or hexes.setdefault(number, f"{number:032x}")
 
     extra = {}
     if fold:

@@ -28,14 +28,14 @@ COUNT_CTES = """found AS (  -- one unique-index probe per unit (never a scan of 
         WHERE e.dataset_version = c.dataset_version AND e.unit_key = c.unit_key
         OFFSET 0
     ) AS e
-), free AS (
-    SELECT e.id FROM events e WHERE e.id IN (SELECT id FROM found)
+), free AS (  -- found's ids as one array: primary-key probes, never a scan of every event
+    SELECT e.id FROM events e WHERE e.id = ANY(ARRAY(SELECT id FROM found))
     ORDER BY e.dataset_version, e.unit_key COLLATE "C"
     FOR UPDATE SKIP LOCKED
 ), bumped AS (
     UPDATE events SET deliveries = events.deliveries + found.n, last_received_at = :now
-    FROM found JOIN free ON free.id = found.id
-    WHERE events.id = found.id
+    FROM found
+    WHERE events.id = ANY(ARRAY(SELECT id FROM free)) AND events.id = found.id
     RETURNING events.id
 )"""
 """The CTEs ``found``, ``free`` and ``bumped`` of the redelivery count, over a

@@ -17,11 +17,15 @@ decision as a few statements in the transaction
 (:mod:`~trace_core.storage.sqlite_routing`). Task ids are time-ordered
 (:func:`~trace_core.storage.bulk.id_block`): one statement's tasks are
 consecutive ids, so their primary-key entries are appended, not scattered
-over the index.
+over the index. When every live reactive job reads one input and none is
+paused, the same statement also locks the events itself
+(:data:`_LOCK_AND_ROUTE`): a routing transaction is then the topology reads,
+that statement (which notifies the wake-up channels too) and the commit.
 """
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Collection, Sequence
 from datetime import datetime
@@ -43,6 +47,7 @@ from trace_core.storage.bulk import (
     wakeup_rows_sql,
 )
 from trace_core.storage.ports.routing import (
+    LockedRoute,
     RouteOutcome,
     SetRoute,
     SingleInputJob,
@@ -55,6 +60,7 @@ from trace_core.storage.sqlite_routing import route_single_input_events_sqlite
 
 __all__ = ["SqlRoutingOps"]
 
+
 # ev: the batch with each event's status and own unit (dedupe key, input
 # entry, task_inputs key); docs: each event's input_versions document for each
 # distinct pinned edge (:pins), built once per event, not once per task (the
@@ -62,14 +68,20 @@ __all__ = ["SqlRoutingOps"]
 # dependents with the index of their edge in :pins; cand: one row per (event,
 # job) whose edge pins the event's version, with the id its task gets if
 # created. ins names its arbiter: without one, every unique index
-# (the primary key too) is probed before each insert. made joins on that id,
-# not on the ~100-character dedupe key.
-_ROUTE = sa.text(
-    """
-WITH ev AS (
+# (the primary key too) is probed before each insert. tally: tasks created
+# and decisions (each version's dependents per event). When every decision
+# created its task (the common case), made is cand itself and each event's
+# outcome its version's one detail (per_version): no join of cand with the
+# inserted ids and no aggregate per event.
+# Otherwise made joins cand on the inserted ids (not on the ~100-character
+# dedupe key) and outcomes are aggregated per event; the one-time filters on
+# tally leave the other branch unexecuted.
+def _events(source: str, status: str) -> str:
+    """The ``ev`` CTE: each event of ``source`` (SQL naming the rows as ``e``)
+    with its ``status`` (an SQL expression) and its own unit."""
+    return f"""ev AS (
     SELECT e.id, e.dataset_uuid, e.dataset_version, e.partition_key, e.received_at,
-           CASE WHEN e.id = ANY(CAST(:not_current AS uuid[])) THEN 'not_current' ELSE 'routed'
-           END AS status,
+           {status} AS status,
            CASE WHEN e.partition_key IS NOT NULL
                 THEN 'partition:' || e.dataset_uuid || ':' || e.dataset_version || ':'
                      || e.partition_key
@@ -81,10 +93,12 @@ WITH ev AS (
                                         'start', e.range_start, 'end', e.range_end)
            END AS unit,
            coalesce(e.partition_key, 'cursor:' || e.cursor) AS input_key
-    FROM unnest(CAST(:ids AS uuid[])) AS s(id)
-    JOIN events e ON e.id = s.id
-    WHERE e.id = ANY(CAST(:ids AS uuid[]))  -- a primary-key lookup, not a join with every event
-), docs AS MATERIALIZED (  -- else inlined into cand: built once per task again
+    FROM {source}
+)"""
+
+
+_ROUTE_REST = (
+    """docs AS MATERIALIZED (  -- else inlined into cand: built once per task again
     SELECT ev.*, ARRAY(
         SELECT jsonb_build_object('inputs', jsonb_build_array(p.pinned || ev.unit),
                                   'trigger_event_id', CAST(ev.id AS text))
@@ -111,18 +125,34 @@ WITH ev AS (
     FROM cand ORDER BY task_id
     ON CONFLICT (job_id, dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING
     RETURNING id
-), made AS (
-    SELECT cand.* FROM cand JOIN ins ON ins.id = cand.task_id
+), per_version AS (  -- each version's dependents: how many, and the detail when all are created
+    SELECT dataset_version, count(*) AS jobs,
+           jsonb_object_agg(job_name, 'created') AS all_created
+    FROM j GROUP BY dataset_version
+), tally AS MATERIALIZED (
+    SELECT (SELECT count(*) FROM ins) AS created,
+           (SELECT coalesce(sum(v.jobs), 0) FROM ev JOIN per_version v
+                ON v.dataset_version = ev.dataset_version) AS decisions
+), made AS (  -- narrow: what inputs, outcomes and wake-ups need of the tasks made
+    SELECT task_id, event_id, dataset_uuid, input_key, received_at FROM cand
+    WHERE (SELECT created = decisions FROM tally)  -- all made: no join
+    UNION ALL
+    SELECT cand.task_id, cand.event_id, cand.dataset_uuid, cand.input_key, cand.received_at
+    FROM cand JOIN ins ON ins.id = cand.task_id
+    WHERE (SELECT created < decisions FROM tally)
 ), inputs AS (  -- tasks made just now: no inputs row can exist, so no ON CONFLICT
     INSERT INTO task_inputs (task_id, input_dataset_uuid, input_partition_key, input_version)
     SELECT task_id, dataset_uuid, input_key, received_at FROM made ORDER BY task_id
 ), outcome AS (
-    SELECT cand.event_id, count(made.task_id) AS created,
-           count(*) - count(made.task_id) AS existing,
+    SELECT ev.id AS event_id, v.jobs AS created, 0 AS existing, v.all_created AS detail
+    FROM ev JOIN per_version v ON v.dataset_version = ev.dataset_version
+    WHERE (SELECT created = decisions FROM tally)  -- all made: the version's one detail
+    UNION ALL
+    SELECT cand.event_id, count(made.task_id), count(*) - count(made.task_id),
            jsonb_object_agg(cand.job_name,
                             CASE WHEN made.task_id IS NULL THEN 'existing' ELSE 'created' END)
-               AS detail
     FROM cand LEFT JOIN made ON made.task_id = cand.task_id
+    WHERE (SELECT created < decisions FROM tally)
     GROUP BY cand.event_id
 ), outcomes AS (
     UPDATE events SET route_status = ev.status,
@@ -136,8 +166,58 @@ WITH ev AS (
     """
     + wakeup_rows_sql("made", "task_id")
     + """
+), note AS (  -- the wake-up channels, when tasks were made: no pg_notify trip at commit
+    SELECT count(pg_notify(ch, '')) AS n
+    FROM jsonb_array_elements_text(CAST(:channels AS jsonb)) AS ch
+    WHERE (SELECT created FROM tally) > 0
 )
-SELECT (SELECT count(*) FROM made), (SELECT count(*) FROM cand)
+"""
+)
+"""Everything after ``ev`` (the CTEs ``docs`` to ``note``)."""
+
+_ROUTE = sa.text(
+    "WITH "
+    + _events(
+        # a primary-key lookup, not a join with every event
+        "unnest(CAST(:ids AS uuid[])) AS s(id) JOIN events e ON e.id = s.id\n"
+        "    WHERE e.id = ANY(CAST(:ids AS uuid[]))",
+        "CASE WHEN e.id = ANY(CAST(:not_current AS uuid[])) THEN 'not_current' ELSE 'routed' END",
+    )
+    + ", "
+    + _ROUTE_REST
+    + "SELECT created, decisions, (SELECT n FROM note) FROM tally\n"
+)
+
+# The same, with the events locked by the statement itself, in the order
+# lock_pending_events takes (the one order every writer of event rows takes),
+# and each event's status from the live versions: one round trip and one
+# pass over the event rows fewer than locking them first. Every event among
+# the ids is locked and only the pending ones are routed: with the status
+# test in the locking WHERE, the planner estimated the batch at a couple of
+# rows (its default selectivity, or the share of pending events in the whole
+# table) and joined the events with their outcomes by nested loops, a pass
+# over the batch per event. An event that is not pending any more is rare
+# (a route_event row handled again); its lock only defers an accept's count
+# of its redeliveries to the router, as for any event being routed.
+_LOCK_AND_ROUTE = sa.text(
+    """WITH locked AS MATERIALIZED (
+    SELECT e.id, e.dataset_uuid, e.dataset_version, e.cursor, e.partition_key, e.range_start,
+           e.range_end, e.received_at, e.route_status = 'pending' AS pending
+    FROM events e
+    WHERE e.id = ANY(CAST(:ids AS uuid[]))
+    ORDER BY e.dataset_version, e.unit_key COLLATE "C"
+    FOR UPDATE OF e
+), """
+    + _events(
+        "locked AS e WHERE e.pending",
+        "CASE WHEN e.dataset_version = ANY(CAST(:live AS uuid[])) THEN 'routed' "
+        "ELSE 'not_current' END",
+    )
+    + ", "
+    + _ROUTE_REST
+    + """SELECT created, decisions, (SELECT n FROM note), (SELECT count(*) FROM ev),
+       (SELECT count(*) FROM ev WHERE status = 'not_current')
+FROM tally
 """
 )
 
@@ -167,6 +247,8 @@ class _RoutingStatements(SqlStatements, Protocol):
     (:class:`~trace_core.storage.sql.SqlTransaction` has it)."""
 
     channels: set[str]
+    notified: set[str]
+    """Channels a statement notified itself (none is notified again at commit)."""
 
     async def _connection(self) -> AsyncConnection:
         """The transaction's SQLAlchemy connection (to run a statement unprepared)."""
@@ -345,6 +427,42 @@ class SqlRoutingOps(SqlArea):
             if done.created:
                 self._sql.channels.update(wakeup.channels)
             return done
+        params = {"ids": uuid_array(event_ids), "not_current": uuid_array(not_current)}
+        created, decisions = (await self._route(_ROUTE, params, jobs, now, wakeup))[:2]
+        return SetRoute(int(created), int(decisions))
+
+    @property
+    def locks_and_routes_in_one_statement(self) -> bool:
+        return self.engine_name == "postgres"
+
+    async def lock_and_route_single_input_events(
+        self,
+        event_ids: Collection[uuid.UUID],
+        live_versions: Collection[uuid.UUID],
+        jobs: Sequence[SingleInputJob],
+        *,
+        now: datetime,
+        wakeup: Wakeup,
+    ) -> LockedRoute:
+        if not self.locks_and_routes_in_one_statement:
+            raise NotImplementedError("set-based routing needs Postgres")
+        params = {"ids": uuid_array(set(event_ids)), "live": uuid_array(set(live_versions))}
+        created, decisions, _, events, not_current = await self._route(
+            _LOCK_AND_ROUTE, params, jobs, now, wakeup
+        )
+        return LockedRoute(int(created), int(decisions), int(events), int(not_current))
+
+    async def _route(
+        self,
+        statement: sa.TextClause,
+        params: dict[str, Any],
+        jobs: Sequence[SingleInputJob],
+        now: datetime,
+        wakeup: Wakeup,
+    ) -> Sequence[Any]:
+        """Run a set-based routing statement (:data:`_ROUTE` or
+        :data:`_LOCK_AND_ROUTE`) with ``params`` and the jobs' and wake-up's
+        parameters; its answer row (created, decisions, notified, ...)."""
         # Each distinct pinned edge once: its input_versions document is built
         # once per event, not once per task.
         pins: dict[tuple[tuple[str, Any], ...], int] = {}
@@ -362,12 +480,11 @@ class SqlRoutingOps(SqlArea):
                     "queued_at": job.queued_at.isoformat(),
                 }
             )
-        params = {
-            "ids": uuid_array(event_ids),
-            "not_current": uuid_array(not_current),
+        params |= {
             "pins": records_param([dict(edge) for edge in pins]),
             "jobs": records_param(rows),
             "id_prefix": id_block(),
+            "channels": json.dumps(sorted(wakeup.channels)),
             **wakeup_params(wakeup, now),
         }
         conn = await self._sql._connection()
@@ -375,10 +492,12 @@ class SqlRoutingOps(SqlArea):
         # the batch size: it estimates one row per CTE and joins thousands by
         # nested loops. Unprepared, each batch is planned with its parameters.
         async with unprepared(conn):
-            created, decisions = (await self._rows("route events", _ROUTE, params))[0]
-        if created:
+            answer = (await self._rows("route events", statement, params))[0]
+        if answer[0]:  # tasks created
             self._sql.channels.update(wakeup.channels)
-        return SetRoute(int(created), int(decisions))
+        if answer[2]:  # the statement notified them: in-process listeners still woken at commit
+            self._sql.notified.update(wakeup.channels)
+        return tuple(answer)
 
 
 _EVENT_OUTCOME = ("route_status", "routed_at", "tasks_created", "tasks_existing", "route_detail")

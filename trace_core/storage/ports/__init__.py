@@ -117,6 +117,7 @@ from trace_core.storage.ports.registry import (
     VersionProgress,
 )
 from trace_core.storage.ports.routing import (
+    LockedRoute,
     RouteOutcome,
     RoutingOps,
     SetRoute,
@@ -202,6 +203,7 @@ __all__ = [
     "LineageRow",
     "LiveVersion",
     "LiveVersionJob",
+    "LockedRoute",
     "NewDagVersion",
     "NewDataset",
     "NewDatasetVersion",

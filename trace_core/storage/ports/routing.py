@@ -16,6 +16,7 @@ from datetime import datetime
 from typing import Any, Protocol
 
 __all__ = [
+    "LockedRoute",
     "RouteOutcome",
     "RoutingOps",
     "SetRoute",
@@ -108,6 +109,16 @@ class SetRoute:
     """(event, job) pairs decided: a task created or found existing."""
 
 
+@dataclass(frozen=True)
+class LockedRoute(SetRoute):
+    """What :meth:`RoutingOps.lock_and_route_single_input_events` did."""
+
+    events: int
+    """Pending events found (and routed)."""
+    not_current: int
+    """Of those, events of versions no live DAG version points at."""
+
+
 class RoutingOps(Protocol):
     """Event reads and routing writes, inside one transaction."""
 
@@ -172,6 +183,32 @@ class RoutingOps(Protocol):
         its outcome stored as :meth:`store_route_outcomes` does. Returns the
         tasks created and the (event, job) pairs decided. Only where
         :attr:`routes_in_one_statement`; elsewhere it raises
+        ``NotImplementedError`` and writes nothing.
+        """
+        ...
+
+    @property
+    def locks_and_routes_in_one_statement(self) -> bool:
+        """Whether :meth:`lock_and_route_single_input_events` is available (Postgres)."""
+        ...
+
+    async def lock_and_route_single_input_events(
+        self,
+        event_ids: Collection[uuid.UUID],
+        live_versions: Collection[uuid.UUID],
+        jobs: Sequence[SingleInputJob],
+        *,
+        now: datetime,
+        wakeup: Wakeup,
+    ) -> LockedRoute:
+        """:meth:`lock_pending_events` and :meth:`route_single_input_events`
+        in one statement: the events among ``event_ids`` are locked (in the
+        order :meth:`lock_pending_events` takes; on Postgres the ones no longer
+        pending too) and the ``pending`` ones routed to ``jobs``, which must
+        hold every single-input dependent any of them can reach;
+        events of versions outside ``live_versions`` become ``not_current``.
+        Returns what was created and decided, and the events found. Only where
+        :attr:`locks_and_routes_in_one_statement`; elsewhere it raises
         ``NotImplementedError`` and writes nothing.
         """
         ...
