@@ -81,6 +81,34 @@ def _task_state_statement() -> sa.Select[Any]:
     )
 
 
+def _claimed_statement() -> sa.Select[Any]:
+    """The task's status and attempt with its DAG version's pointers, one row
+    per pointer (one row of ``NULL`` pointer columns when the version has
+    none, no row when the task is gone): the claimed view of a task that is
+    not a source, in one statement instead of a pipeline of two."""
+    t, p, v, d = schema.tasks, schema.dag_version_datasets, schema.dataset_versions, schema.datasets
+    pointers = (
+        sa.select(
+            p.c.dag_version_id,
+            p.c.dataset_uuid,
+            v.c.id,
+            v.c.storage_location,
+            v.c.range_start,
+            v.c.range_end,
+            d.c.name,
+        )
+        .join(v, v.c.id == p.c.dataset_version)
+        .join(d, d.c.id == p.c.dataset_uuid)
+        .where(p.c.dag_version_id == sa.bindparam("dag_version", type_=p.c.dag_version_id.type))
+        .subquery("pointers")
+    )
+    return (
+        sa.select(t.c.status, t.c.attempt, *pointers.c)
+        .select_from(t.outerjoin(pointers, sa.true()))
+        .where(t.c.id == sa.bindparam("task_id", type_=t.c.id.type))
+    )
+
+
 # Built once per engine: every claim runs them, and building a statement (and
 # its cache key) costs more than SQLAlchemy's compiled-cache lookup of a ready
 # one; on Postgres they are fixed text, which the direct path runs as it is.
@@ -90,6 +118,7 @@ _TASK_ROW_KEYS = tuple(_TASK_ROWS["postgres"].selected_columns.keys())
 _POINTERS = {engine: _pointers_statement(engine) for engine in _ENGINES}
 _POINTED_PROGRESS = {engine: _pointed_progress_statement(engine) for engine in _ENGINES}
 _TASK_STATE = _task_state_statement()
+_CLAIMED = _claimed_statement()
 
 
 class SqlPayloadOps(SqlArea):
@@ -121,6 +150,17 @@ class SqlPayloadOps(SqlArea):
     async def claimed_view(
         self, task_id: uuid.UUID, dag_version_id: uuid.UUID, *, progress: bool
     ) -> ClaimedView:
+        if not progress:
+            rows = await self._fixed_rows(
+                "claimed task read", _CLAIMED, {"task_id": task_id, "dag_version": dag_version_id}
+            )
+            return ClaimedView(
+                status=rows[0][0] if rows else None,
+                attempt=rows[0][1] if rows else 0,
+                # A version without pointers is one row whose pointer is NULL.
+                pointers=[VersionPointer(*row[2:]) for row in rows if row[2] is not None],
+                progress={},
+            )
         versions = {"dag_versions": [dag_version_id]}
         calls: list[tuple[sa.Executable, dict[str, Any]]] = [
             (_TASK_STATE, {"task_id": task_id}),
