@@ -111,12 +111,12 @@ async def test_version_pointers_and_storage_locations(
     assert locations == {av.version_id: "s3://x/a"}
 
 
-async def test_claimed_view_reads_state_pointers_and_progress_in_one_scope(
+async def test_claimed_view_reads_state_pointers_and_progress_in_one_statement(
     repo: SqlRepository, clock: ManualClock
 ) -> None:
-    # What a claim reads after its lease (on Postgres pipelined in ONE round
-    # trip on the direct path): only the asked DAG version's pointers and the
-    # progress of the versions it points to.
+    # What a claim reads after its lease (ONE statement, on Postgres on the
+    # direct path): only the asked DAG version's pointers and the progress of
+    # the versions it points to.
     org_id, now = uuid.uuid4(), clock.now()
     mine, other, job_id, both = uuid.uuid4(), uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
     a = NewDataset(uuid.uuid4(), org_id, "a", "dag", "job", 0, now)
@@ -167,7 +167,7 @@ async def test_claimed_view_reads_state_pointers_and_progress_in_one_scope(
         view = await reads.payload.claimed_view(created.task_id, mine, progress=True)
         bare = await reads.payload.claimed_view(created.task_id, mine, progress=False)
         gone = await reads.payload.claimed_view(uuid.uuid4(), other, progress=True)
-        # Without progress: one statement (the task's state joined to the pointers).
+        two_progress = await reads.payload.claimed_view(created.task_id, both, progress=True)
         unpointed = await reads.payload.claimed_view(created.task_id, uuid.uuid4(), progress=False)
         gone_bare = await reads.payload.claimed_view(uuid.uuid4(), mine, progress=False)
         two = await reads.payload.claimed_view(created.task_id, both, progress=False)
@@ -177,10 +177,17 @@ async def test_claimed_view_reads_state_pointers_and_progress_in_one_scope(
         "Queued", 1, [pointer], {av.version_id: VersionProgress(((0, 4),), 4)}
     )
     assert bare == ClaimedView("Queued", 1, [pointer], {})
-    assert (gone.status, gone.progress) == (None, {bv.version_id: VersionProgress(((0, 9),), None)})
+    assert (gone.status, gone.attempt) == (None, 0)
     assert unpointed == ClaimedView("Queued", 1, [], {})
     assert (gone_bare.status, gone_bare.attempt) == (None, 0)
-    assert (two.status, two.attempt) == ("Queued", 1)
+    assert (two.status, two.attempt, two.progress) == ("Queued", 1, {})
+    assert two_progress.progress == {
+        av.version_id: VersionProgress(((0, 4),), 4),
+        bv.version_id: VersionProgress(((0, 9),), None),
+    }
+    assert sorted(two_progress.pointers, key=lambda p: p.dataset_name) == sorted(
+        two.pointers, key=lambda p: p.dataset_name
+    )
     assert sorted(two.pointers, key=lambda p: p.dataset_name) == [
         VersionPointer(both, a.dataset_uuid, av.version_id, "s3://x/a", 0, 9, "a"),
         VersionPointer(both, b.dataset_uuid, bv.version_id, "s3://x/b", None, None, "b"),
