@@ -154,6 +154,20 @@ def test_parse_canonical_refuses_the_unfinished_form() -> None:
         S3Prefix.parse_canonical("s3://trace-data/t1", field="scope.read[0]")
 
 
+def test_a_remembered_canonical_prefix_leaves_every_refusal_as_it_was() -> None:
+    # parse_canonical remembers the prefixes it accepted: the canonical text
+    # answers the same value, every other text is still parsed and refused
+    # with its own field.
+    first = S3Prefix.parse_canonical("s3://trace-data/remembered/")
+    assert S3Prefix.parse_canonical("s3://trace-data/remembered/") == first
+    with pytest.raises(InvalidScope, match=r"rule: not-canonical") as caught:
+        S3Prefix.parse_canonical("s3://trace-data/remembered", field="output_prefixes[1]")
+    assert caught.value.field == "output_prefixes[1]"
+    for bad in ("s3://trace-data/remembered/../x/", "s3://trace-data//remembered/", 7, None):
+        with pytest.raises(InvalidScope):
+            S3Prefix.parse_canonical(bad, field="scratch_prefix")
+
+
 def test_covers_respects_directories() -> None:
     t1 = S3Prefix.parse("s3://trace-data/t1/")
     assert t1.covers(S3Prefix.parse("s3://trace-data/t1/x/"))

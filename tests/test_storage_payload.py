@@ -111,21 +111,21 @@ async def test_version_pointers_and_storage_locations(
     assert locations == {av.version_id: "s3://x/a"}
 
 
-async def test_claimed_view_reads_state_pointers_and_progress_in_one_scope(
+async def test_claimed_view_reads_state_pointers_and_progress_in_one_statement(
     repo: SqlRepository, clock: ManualClock
 ) -> None:
-    # What a claim reads after its lease (on Postgres pipelined in ONE round
-    # trip on the direct path): only the asked DAG version's pointers and the
-    # progress of the versions it points to.
+    # What a claim reads after its lease (ONE statement, on Postgres on the
+    # direct path): only the asked DAG version's pointers and the progress of
+    # the versions it points to.
     org_id, now = uuid.uuid4(), clock.now()
-    mine, other, job_id = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
+    mine, other, job_id, both = uuid.uuid4(), uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
     a = NewDataset(uuid.uuid4(), org_id, "a", "dag", "job", 0, now)
     b = NewDataset(uuid.uuid4(), org_id, "b", "dag", "job", 1, now)
     av = NewDatasetVersion(uuid.uuid4(), a.dataset_uuid, "h", 0, 9, "s3://x/a", now)
     bv = NewDatasetVersion(uuid.uuid4(), b.dataset_uuid, "h", None, None, "s3://x/b", now)
     async with repo.transaction() as tx:
         await tx.registry.create_org_if_absent(org_id, "acme", now=now)
-        for version in (mine, other):
+        for version in (mine, other, both):
             await tx.deploy.insert_version(
                 NewDagVersion(version, org_id, "dag", str(version), "y", now)
             )
@@ -134,6 +134,9 @@ async def test_claimed_view_reads_state_pointers_and_progress_in_one_scope(
             await tx.registry.insert_dataset_version_if_absent(dv)
         await tx.deploy.insert_pointers(mine, {a.dataset_uuid: av.version_id})
         await tx.deploy.insert_pointers(other, {b.dataset_uuid: bv.version_id})
+        await tx.deploy.insert_pointers(
+            both, {a.dataset_uuid: av.version_id, b.dataset_uuid: bv.version_id}
+        )
         await tx.events.advance_progress(
             [
                 ProgressFold(av.version_id, a.dataset_uuid, [(0, 4)], 4, 1),
@@ -164,10 +167,28 @@ async def test_claimed_view_reads_state_pointers_and_progress_in_one_scope(
         view = await reads.payload.claimed_view(created.task_id, mine, progress=True)
         bare = await reads.payload.claimed_view(created.task_id, mine, progress=False)
         gone = await reads.payload.claimed_view(uuid.uuid4(), other, progress=True)
+        two_progress = await reads.payload.claimed_view(created.task_id, both, progress=True)
+        unpointed = await reads.payload.claimed_view(created.task_id, uuid.uuid4(), progress=False)
+        gone_bare = await reads.payload.claimed_view(uuid.uuid4(), mine, progress=False)
+        two = await reads.payload.claimed_view(created.task_id, both, progress=False)
         if repo.engine_name == "postgres":
             assert repo.engine.pool.checkedout() == 0  # the direct path, no pooled connection
     assert view == ClaimedView(
         "Queued", 1, [pointer], {av.version_id: VersionProgress(((0, 4),), 4)}
     )
     assert bare == ClaimedView("Queued", 1, [pointer], {})
-    assert (gone.status, gone.progress) == (None, {bv.version_id: VersionProgress(((0, 9),), None)})
+    assert (gone.status, gone.attempt) == (None, 0)
+    assert unpointed == ClaimedView("Queued", 1, [], {})
+    assert (gone_bare.status, gone_bare.attempt) == (None, 0)
+    assert (two.status, two.attempt, two.progress) == ("Queued", 1, {})
+    assert two_progress.progress == {
+        av.version_id: VersionProgress(((0, 4),), 4),
+        bv.version_id: VersionProgress(((0, 9),), None),
+    }
+    assert sorted(two_progress.pointers, key=lambda p: p.dataset_name) == sorted(
+        two.pointers, key=lambda p: p.dataset_name
+    )
+    assert sorted(two.pointers, key=lambda p: p.dataset_name) == [
+        VersionPointer(both, a.dataset_uuid, av.version_id, "s3://x/a", 0, 9, "a"),
+        VersionPointer(both, b.dataset_uuid, bv.version_id, "s3://x/b", None, None, "b"),
+    ]

@@ -337,6 +337,41 @@ async def test_tampered_header_is_refused(env: Env) -> None:
     await refused(env, f"{header}.{payload}.{signature}", "bad_signature")
 
 
+# --- a token presented again (the verified-token memory) ----------------------------------
+
+
+async def test_a_token_presented_again_is_answered_from_its_verified_claims(env: Env) -> None:
+    token = await env.issue()
+    first = await env.verifier.verify(token)
+    assert await env.verifier.verify(token) is first
+
+
+async def test_a_token_one_character_off_a_verified_one_is_verified_in_full(env: Env) -> None:
+    token = await env.issue()
+    await env.verifier.verify(token)
+    header, payload, signature = token.split(".")
+    flipped = ("A" if signature[0] != "A" else "B") + signature[1:]
+    await refused(env, f"{header}.{payload}.{flipped}", "bad_signature")
+    widened = env.payload(output_prefixes=["s3://trace-data/"])
+    await refused(env, f"{header}.{segment(widened)}.{signature}", "bad_signature")
+
+
+async def test_a_verified_token_still_expires(env: Env) -> None:
+    token = await env.issue()
+    await env.verifier.verify(token)
+    env.clock.advance(TTL + LEEWAY)
+    await refused(env, token, "expired")
+
+
+async def test_a_verified_token_is_refused_once_its_key_leaves_the_jwks(env: Env) -> None:
+    token = await env.issue()
+    await env.verifier.verify(token)
+    other = PrivateKeySigner.generate()
+    env.jwks.update({"keys": [other.public_jwk()]})
+    env.clock.advance(301)  # past the cache's max age: the JWKS is fetched again
+    await refused(env, token, "unknown_kid")
+
+
 # --- keys ------------------------------------------------------------------------------
 
 

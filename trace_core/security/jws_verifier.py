@@ -150,6 +150,11 @@ class JwsVerifier:
 
     async def _verified_payload(self, token: str) -> dict[str, Any]:
         """The payload of a token that passes every check; :class:`InvalidCapability` otherwise."""
+        payload, _, _ = await self._verified_with_key(token)
+        return payload
+
+    async def _verified_with_key(self, token: str) -> tuple[dict[str, Any], str, VerifyingKey]:
+        """:meth:`_verified_payload`, with the kid and the key that verified it."""
         if not isinstance(token, str):
             raise InvalidCapability("malformed", "the token is not a string")
         if len(token) > self._max_bytes:
@@ -166,17 +171,22 @@ class JwsVerifier:
         except ValueError:
             raise InvalidCapability("malformed", "the signature is not base64url") from None
         kid = self._check_header(header)
-        try:
-            public_key = await self._keys.public_key(kid)
-        except JwksUnavailable:
-            raise InvalidCapability("jwks_unavailable", "the JWKS could not be fetched") from None
+        public_key = await self._key_of(kid)
         if public_key is None:
             raise InvalidCapability("unknown_kid", "no published key has the token's kid")
         alg = header["alg"]
         _check_key_and_signature(alg, public_key, signature)
         payload = self._decode(token, public_key, alg)
         self._check_times(payload)
-        return payload
+        return payload, kid, public_key
+
+    async def _key_of(self, kid: str) -> VerifyingKey | None:
+        """The source's key for ``kid`` now (``None``: unknown); a JWKS that
+        cannot be fetched is the ``jwks_unavailable`` refusal."""
+        try:
+            return await self._keys.public_key(kid)
+        except JwksUnavailable:
+            raise InvalidCapability("jwks_unavailable", "the JWKS could not be fetched") from None
 
     def _alg_refusal(self) -> InvalidCapability:
         return InvalidCapability(

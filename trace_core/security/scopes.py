@@ -31,6 +31,8 @@ _IPV4_RE = re.compile(r"\d{1,3}(\.\d{1,3}){3}")
 _RESERVED_BUCKET_PREFIXES = ("xn--", "sthree-", "amzn-s3-demo-")
 _RESERVED_BUCKET_SUFFIXES = ("-s3alias", "--ol-s3", ".mrap", "--x-s3", "--table-s3")
 _MAX_KEY_BYTES = 1024  # S3's limit on a key; a prefix longer than that grants nothing.
+_CANONICAL_MEMO = 4096
+"""Canonical prefixes remembered by :meth:`S3Prefix.parse_canonical`."""
 _VALUE_ECHO = 120  # characters of the offending value quoted in an error
 
 
@@ -178,11 +180,22 @@ class S3Prefix:
     @classmethod
     def parse_canonical(cls, text: object, *, field: str = "prefix") -> S3Prefix:
         """Parse ``text`` and require it to be canonical already (as tokens must encode it)."""
+        # A claim's prefixes are parsed when its token is issued, again when the
+        # claims are built and when the token is verified: the text is all
+        # the outcome depends on, so a prefix found canonical is remembered
+        # (the value is immutable; a refusal is never remembered and always
+        # names its own field).
+        known = _canonical.get(text) if type(text) is str else None
+        if known is not None:
+            return known
         parsed = cls.parse(text, field=field)
         if parsed.uri != text:
             raise InvalidScope(
                 field, "not-canonical", f"prefix must be written as {parsed.uri!r}", text
             )
+        if len(_canonical) >= _CANONICAL_MEMO:
+            _canonical.clear()
+        _canonical[parsed.uri] = parsed
         return parsed
 
     @property
@@ -196,6 +209,10 @@ class S3Prefix:
 
     def __str__(self) -> str:
         return self.uri
+
+
+_canonical: dict[str, S3Prefix] = {}
+"""Prefix text found canonical -> its parse (see :meth:`S3Prefix.parse_canonical`)."""
 
 
 def parse_object_uri(

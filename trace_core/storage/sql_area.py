@@ -52,13 +52,6 @@ class SqlStatements(Protocol):
         statement scope it runs on the driver directly)."""
         ...
 
-    async def _fetch_many(
-        self, calls: Sequence[tuple[sa.Executable, Mapping[str, Any]]]
-    ) -> list[Sequence[Any]]:
-        """Rows of each of several statements built once and reused (on Postgres
-        in a statement scope: in one round trip)."""
-        ...
-
 
 class SqlArea:
     """Base of an area's SQL implementation: statements run in ``tx``, and
@@ -91,15 +84,6 @@ class SqlArea:
         SQLAlchemy's connection and execution layers. Rows are positional."""
         with translate_errors(what):
             return await self._tx._fetch(stmt, params)
-
-    async def _fixed_rows_many(
-        self, what: str, calls: Sequence[tuple[sa.Executable, Mapping[str, Any]]]
-    ) -> list[Sequence[Any]]:
-        """:meth:`_fixed_rows` of several statements; on Postgres in a statement
-        scope they travel in ONE round trip (pipelined), so reads that do not
-        depend on each other's rows cost one wait instead of one each."""
-        with translate_errors(what):
-            return await self._tx._fetch_many(calls)
 
     async def _count(self, what: str, stmt: sa.Executable, params: Any = None) -> int:
         """How many rows an UPDATE or DELETE changed (not an INSERT: psycopg

@@ -62,22 +62,37 @@ def _pointers_statement(engine: str) -> sa.Select[Any]:
     )
 
 
-def _pointed_progress_statement(engine: str) -> sa.Select[Any]:
-    """The progress rows of the versions the DAG versions point to (the
-    pointers' join, so that it needs no pointer read before it)."""
-    g, p = schema.dataset_version_progress, schema.dag_version_datasets
-    return (
-        sa.select(g.c.dataset_version, g.c.ranges, g.c.max_cursor)
-        .join(p, p.c.dataset_version == g.c.dataset_version)
-        .where(in_list(p.c.dag_version_id, "dag_versions", engine))
-        .distinct()
+def _claimed_statement() -> sa.Select[Any]:
+    """The task's status and attempt joined to its DAG version's pointers, each
+    with its version's recorded progress (``NULL`` when it has none): one row
+    per pointer, one row of ``NULL`` pointer columns when the version has
+    none, no row when the task is gone. Everything a claim reads after its
+    lease, in one statement."""
+    t, p, v = schema.tasks, schema.dag_version_datasets, schema.dataset_versions
+    d, g = schema.datasets, schema.dataset_version_progress
+    pointers = (
+        sa.select(
+            p.c.dag_version_id,
+            p.c.dataset_uuid,
+            v.c.id,
+            v.c.storage_location,
+            v.c.range_start,
+            v.c.range_end,
+            d.c.name,
+            g.c.dataset_version.label("progress_version"),
+            g.c.ranges,
+            g.c.max_cursor,
+        )
+        .join(v, v.c.id == p.c.dataset_version)
+        .join(d, d.c.id == p.c.dataset_uuid)
+        .outerjoin(g, g.c.dataset_version == p.c.dataset_version)
+        .where(p.c.dag_version_id == sa.bindparam("dag_version", type_=p.c.dag_version_id.type))
+        .subquery("pointers")
     )
-
-
-def _task_state_statement() -> sa.Select[Any]:
-    t = schema.tasks
-    return sa.select(t.c.status, t.c.attempt).where(
-        t.c.id == sa.bindparam("task_id", type_=t.c.id.type)
+    return (
+        sa.select(t.c.status, t.c.attempt, *pointers.c)
+        .select_from(t.outerjoin(pointers, sa.true()))
+        .where(t.c.id == sa.bindparam("task_id", type_=t.c.id.type))
     )
 
 
@@ -88,8 +103,7 @@ _ENGINES = ("postgres", "sqlite")
 _TASK_ROWS = {engine: _task_rows_statement(engine) for engine in _ENGINES}
 _TASK_ROW_KEYS = tuple(_TASK_ROWS["postgres"].selected_columns.keys())
 _POINTERS = {engine: _pointers_statement(engine) for engine in _ENGINES}
-_POINTED_PROGRESS = {engine: _pointed_progress_statement(engine) for engine in _ENGINES}
-_TASK_STATE = _task_state_statement()
+_CLAIMED = _claimed_statement()
 
 
 class SqlPayloadOps(SqlArea):
@@ -121,18 +135,18 @@ class SqlPayloadOps(SqlArea):
     async def claimed_view(
         self, task_id: uuid.UUID, dag_version_id: uuid.UUID, *, progress: bool
     ) -> ClaimedView:
-        versions = {"dag_versions": [dag_version_id]}
-        calls: list[tuple[sa.Executable, dict[str, Any]]] = [
-            (_TASK_STATE, {"task_id": task_id}),
-            (_POINTERS[self.engine_name], versions),
-        ]
-        if progress:
-            calls.append((_POINTED_PROGRESS[self.engine_name], versions))
-        results = await self._fixed_rows_many("claimed task reads", calls)
-        state = results[0][0] if results[0] else None
+        rows = await self._fixed_rows(
+            "claimed task read", _CLAIMED, {"task_id": task_id, "dag_version": dag_version_id}
+        )
+        # A version without pointers is one row whose pointer columns are NULL.
+        pointed = [row for row in rows if row[2] is not None]
         return ClaimedView(
-            status=None if state is None else state[0],
-            attempt=0 if state is None else state[1],
-            pointers=[VersionPointer(*row) for row in results[1]],
-            progress={row[0]: progress_of(row) for row in results[2]} if progress else {},
+            status=rows[0][0] if rows else None,
+            attempt=rows[0][1] if rows else 0,
+            pointers=[VersionPointer(*row[2:9]) for row in pointed],
+            progress=(
+                {row[9]: progress_of(row[9:]) for row in pointed if row[9] is not None}
+                if progress
+                else {}
+            ),
         )

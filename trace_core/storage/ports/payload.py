@@ -73,6 +73,7 @@ class PayloadOps(Protocol):
         """The reads a claim makes after leasing ``task_id``: its status and
         attempt, the pointers of ``dag_version_id`` (as :meth:`version_pointers`)
         and, with ``progress``, the recorded progress of every pointed version
-        that has some. Reads that do not depend on each other: on Postgres in a
-        statement scope they take ONE round trip."""
+        that has some, in one statement (ONE round trip). When the task is
+        gone (``status`` ``None``) the pointers and progress may be empty: the
+        caller has nothing to build."""
         ...
