@@ -28,7 +28,8 @@ pays for the other's dirty pages. Pairs:
     their wake-up outbox rows), once without and once with a dedupe key per
     task, against PgQueuer's ``enqueue`` with lists (batches of 1,000), the
     same number of tasks (jobs). Ratio: Trace tasks/s over PgQueuer jobs/s;
-    ``ratio_dedupe`` the same with dedupe keys. Trace's side also measures
+    ``ratio_dedupe`` the same with a dedupe key per task on both sides
+    (PgQueuer's ``dedupe_key`` list with ``on_conflict="skip"``). Trace's side also measures
     its floor (``benchmarks.enqueue --floor``: the same task rows, one bare
     ``INSERT … SELECT unnest(…)`` per batch, no wake-up rows):
     ``ratio_floor`` (``ratio_dedupe_floor``) is Trace's tasks/s over it;
@@ -89,10 +90,12 @@ _FIGURES = {
 }
 # Further figures of Trace's row, each with its own ratio (``ratio_<name>``):
 # name -> (key in Trace's row, the key in Trace's row it is divided by, or
-# None for the peer's figure).
+# None for the peer's figure, or "peer_<key>" for another figure of the
+# peer's row).
+_PEER_KEY = "peer_"
 _EXTRA_FIGURES: dict[str, dict[str, tuple[str, str | None]]] = {
     "postgres-enqueue": {
-        "dedupe": ("dedupe_tasks_per_s", None),
+        "dedupe": ("dedupe_tasks_per_s", "peer_dedupe_jobs_per_s"),
         "floor": ("tasks_per_s", "floor_tasks_per_s"),
         "dedupe_floor": ("dedupe_tasks_per_s", "dedupe_floor_tasks_per_s"),
         "floor_peer": ("floor_tasks_per_s", None),
@@ -241,12 +244,16 @@ class Sides:
             rows = json_rows([*script, "--workers", "4", "--sync", "normal", "--runs", "1"])
             return only_row(rows, peer="huey", summary=True)
         if pair == "postgres-enqueue":
+            # Without, then with dedupe keys (after its own CHECKPOINT), as Trace's side.
             script = [self.peers, str(PEERS / "pgqueuer_enqueue.py"), "--db", self.url]
-            jobs = ["--jobs", str(self.args.tasks), "--batch", str(ENQUEUE_BATCH), "--runs", "1"]
-            row = only_row(json_rows([*script, *jobs]), peer="pgqueuer", summary=True)
-            if not row["all_verified"]:
-                raise RuntimeError(f"PgQueuer's enqueue not verified: {row}")
-            return row
+            script += ["--jobs", str(self.args.tasks), "--batch", str(ENQUEUE_BATCH)]
+            row = only_row(json_rows([*script, "--runs", "1"]), peer="pgqueuer", summary=True)
+            self.settle()
+            rows = json_rows([*script, "--runs", "1", "--dedupe-keys"])
+            dedupe = only_row(rows, peer="pgqueuer", summary=True)
+            if not (row["all_verified"] and dedupe["all_verified"]):
+                raise RuntimeError(f"PgQueuer's enqueue not verified: {row} {dedupe}")
+            return {**row, "dedupe_jobs_per_s": dedupe["median_jobs_per_s"], "dedupe_row": dedupe}
         script = [self.peers, str(PEERS / "pgqueuer_latency.py"), "--db", self.url]
         rows = json_rows([*script, "--samples", str(self.args.samples)])
         return only_row(rows, peer="pgqueuer")
@@ -272,10 +279,17 @@ def _measure(pair: str, run: int, sides: Sides) -> dict[str, Any]:
     extra: dict[str, Any] = {}
     for name, (key, over) in _EXTRA_FIGURES.get(pair, {}).items():
         # The figure that is not Trace's or the peer's main one: the
-        # numerator over the peer, or the floor Trace is divided by.
+        # numerator over the peer, or the floor Trace is divided by; over
+        # another figure of the peer, both.
+        if over is None:
+            base = peer_figure
+        elif over.startswith(_PEER_KEY):
+            base = float(peer_row[over.removeprefix(_PEER_KEY)])
+            extra[over] = base
+        else:
+            base = float(got["trace"][over])
         shown = _shown(key, over)
         extra[shown] = float(got["trace"][shown])
-        base = peer_figure if over is None else float(got["trace"][over])
         extra[f"ratio_{name}"] = round(float(got["trace"][key]) / base, 3)
     return {
         "pair": pair,
@@ -300,8 +314,8 @@ def _measure_floor_pair(pair: str, engine: str, run: int, sides: FloorSides) -> 
 
 def _shown(key: str, over: str | None) -> str:
     """The row key of an extra figure: the numerator's own key when it is
-    divided by the peer's figure, else the floor's (its divisor's) key."""
-    return key if over is None else over
+    divided by a figure of the peer, else the floor's (its divisor's) key."""
+    return key if over is None or over.startswith(_PEER_KEY) else over
 
 
 def _peer_summary(pair: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -318,6 +332,8 @@ def _peer_summary(pair: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
     for name, (key, over) in _EXTRA_FIGURES.get(pair, {}).items():
         shown = _shown(key, over)
         summary[f"{shown}_median"] = round(median([r[shown] for r in rows]), 3)
+        if over is not None and over.startswith(_PEER_KEY):
+            summary[f"{over}_median"] = round(median([r[over] for r in rows]), 3)
         summary[f"ratio_{name}_median"] = round(median([r[f"ratio_{name}"] for r in rows]), 3)
         summary[f"ratios_{name}"] = [r[f"ratio_{name}"] for r in rows]
     return summary

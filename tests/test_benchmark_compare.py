@@ -203,11 +203,13 @@ def test_the_enqueue_pair_divides_each_figure_by_its_own_base() -> None:
         "dedupe_floor_tasks_per_s": 48.0,
         "floor_no_fk_tasks_per_s": 120.0,
     }
-    sides = _FixedSides(trace, {"median_jobs_per_s": 40.0})
+    sides = _FixedSides(trace, {"median_jobs_per_s": 40.0, "dedupe_jobs_per_s": 16.0})
     rows = [compare._measure("postgres-enqueue", run, sides) for run in (0, 1)]  # type: ignore[arg-type]
     assert [r["first"] for r in rows] == ["trace", "peer"]
     row = rows[0]
-    assert row["ratio"] == 0.75 and row["ratio_dedupe"] == 0.6
+    # With dedupe keys, against PgQueuer's run with dedupe keys too.
+    assert row["ratio"] == 0.75 and row["ratio_dedupe"] == 1.5
+    assert row["peer_dedupe_jobs_per_s"] == 16.0
     assert row["ratio_floor"] == 0.5 and row["ratio_dedupe_floor"] == 0.5
     assert row["ratio_floor_peer"] == 1.5 and row["ratio_floor_no_fk_peer"] == 3.0
     assert row["floor_no_fk_tasks_per_s"] == 120.0 and row["dedupe_tasks_per_s"] == 24.0
@@ -215,3 +217,5 @@ def test_the_enqueue_pair_divides_each_figure_by_its_own_base() -> None:
     assert summary["ratio_floor_no_fk_peer_median"] == 3.0
     assert summary["floor_tasks_per_s_median"] == 60.0
     assert summary["ratios_floor_peer"] == [1.5, 1.5]
+    assert summary["peer_dedupe_jobs_per_s_median"] == 16.0
+    assert summary["dedupe_tasks_per_s_median"] == 24.0

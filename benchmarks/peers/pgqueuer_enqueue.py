@@ -11,6 +11,9 @@ open before the clock starts. The clock runs over ``enqueue(entrypoints,
 payloads, priorities)`` calls of ``--batch`` jobs each (one statement per call
 in autocommit: the jobs, their ``queued`` log rows and PgQueuer's notify
 trigger) until all N are in. The run is verified by counting the queued jobs.
+``--dedupe-keys`` gives every job a dedupe key (``dedupe_key`` list,
+``on_conflict="skip"``: a taken key answers ``None``, as Trace's ``create``
+answers the task that holds it), for the pair's dedupe row.
 Prints one JSON line per run + a summary (``median_jobs_per_s``).
 """
 
@@ -32,7 +35,7 @@ def _dsn(server: str, db: str) -> str:
     return server.rsplit("/", 1)[0] + "/" + db
 
 
-async def _run(server: str, name: str, jobs: int, batch: int) -> dict:
+async def _run(server: str, name: str, jobs: int, batch: int, dedupe_keys: bool) -> dict:
     from pgqueuer import AsyncpgDriver, Queries
 
     admin = await asyncpg.connect(server)
@@ -51,7 +54,11 @@ async def _run(server: str, name: str, jobs: int, batch: int) -> dict:
         t0 = time.monotonic()
         for start in range(0, jobs, batch):
             n = min(batch, jobs - start)
-            await q.enqueue(["noop"] * n, [None] * n, [0] * n)
+            if dedupe_keys:
+                keys: list[str | None] = [f"t{i}" for i in range(start, start + n)]
+                await q.enqueue(["noop"] * n, [None] * n, [0] * n, None, keys, on_conflict="skip")
+            else:
+                await q.enqueue(["noop"] * n, [None] * n, [0] * n)
         seconds = time.monotonic() - t0
         cpu1, pg1 = os.times(), family_cpu_s(postmaster)
         queued = await conn.fetchval("SELECT count(*) FROM pgqueuer WHERE status = 'queued'")
@@ -69,7 +76,7 @@ async def _run(server: str, name: str, jobs: int, batch: int) -> dict:
 def run_once(args: argparse.Namespace, run: int) -> dict:
     name = f"pgq_enq_{uuid.uuid4().hex[:8]}"
     try:
-        got = asyncio.run(_run(args.db, name, args.jobs, args.batch))
+        got = asyncio.run(_run(args.db, name, args.jobs, args.batch, args.dedupe_keys))
     finally:
         asyncio.run(drop_database(args.db, name))
     return {
@@ -78,6 +85,7 @@ def run_once(args: argparse.Namespace, run: int) -> dict:
         "run": run,
         "jobs": args.jobs,
         "batch": args.batch,
+        "dedupe_keys": args.dedupe_keys,
         "seconds": round(got["seconds"], 3),
         "jobs_per_s": round(args.jobs / got["seconds"], 1),
         "verified": got["queued"] == args.jobs,
@@ -93,6 +101,7 @@ def main() -> None:
     p.add_argument("--jobs", type=int, default=30000)
     p.add_argument("--batch", type=int, default=1000)
     p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--dedupe-keys", action="store_true", help="give every job a dedupe key")
     args = p.parse_args()
     rows = print_runs(args.runs, lambda run: run_once(args, run))
     print_summary(
@@ -100,6 +109,7 @@ def main() -> None:
         rows,
         jobs=args.jobs,
         batch=args.batch,
+        dedupe_keys=args.dedupe_keys,
         median_client_cpu_us_per_job=statistics.median(r["client_cpu_us_per_job"] for r in rows),
         median_postgres_cpu_us_per_job=statistics.median(
             r["postgres_cpu_us_per_job"] for r in rows
