@@ -33,6 +33,7 @@ of every row the specification requires (events, outcomes, tasks,
 from __future__ import annotations
 
 import cProfile
+import functools
 import random
 import re
 import time
@@ -419,17 +420,12 @@ async def _required_floor(
         events = build_events(pointer.dataset_uuid, pointer.dataset_version, params)
         copies = Counter(e.partition_key for e in events)
         span = params.block_span
-        if repo.engine_name == "sqlite":
-            return await write_required_sqlite_floor(
-                repo,
-                jobs={name: job for name, job in deployed.jobs.items() if name != SOURCE_JOB},
-                dataset=pointer.dataset_uuid,
-                version=pointer.dataset_version,
-                copies=[copies[f"{i * span}-{i * span + span - 1}"] for i in range(params.events)],
-                span=span,
-                parts=params.relay_concurrency,
-            )
-        return await write_required_floor(
+        write = (
+            write_required_sqlite_floor
+            if repo.engine_name == "sqlite"
+            else functools.partial(write_required_floor, postmaster=postmaster)
+        )
+        return await write(
             repo,
             jobs={name: job for name, job in deployed.jobs.items() if name != SOURCE_JOB},
             dataset=pointer.dataset_uuid,
@@ -437,7 +433,6 @@ async def _required_floor(
             copies=[copies[f"{i * span}-{i * span + span - 1}"] for i in range(params.events)],
             span=span,
             parts=params.relay_concurrency,
-            postmaster=postmaster,
         )
     finally:
         await repo.close()

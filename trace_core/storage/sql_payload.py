@@ -44,18 +44,25 @@ def _task_rows_statement(engine: str) -> sa.Select[Any]:
     )
 
 
+def _pointer_columns() -> tuple[sa.ColumnElement[Any], ...]:
+    """A pointer's columns: its DAG version and dataset, the version pointed to
+    (id, location, range) and the dataset's name."""
+    p, v, d = schema.dag_version_datasets, schema.dataset_versions, schema.datasets
+    return (
+        p.c.dag_version_id,
+        p.c.dataset_uuid,
+        v.c.id,
+        v.c.storage_location,
+        v.c.range_start,
+        v.c.range_end,
+        d.c.name,
+    )
+
+
 def _pointers_statement(engine: str) -> sa.Select[Any]:
     p, v, d = schema.dag_version_datasets, schema.dataset_versions, schema.datasets
     return (
-        sa.select(
-            p.c.dag_version_id,
-            p.c.dataset_uuid,
-            v.c.id,
-            v.c.storage_location,
-            v.c.range_start,
-            v.c.range_end,
-            d.c.name,
-        )
+        sa.select(*_pointer_columns())
         .join(v, v.c.id == p.c.dataset_version)
         .join(d, d.c.id == p.c.dataset_uuid)
         .where(in_list(p.c.dag_version_id, "dag_versions", engine))
@@ -72,13 +79,7 @@ def _claimed_statement() -> sa.Select[Any]:
     d, g = schema.datasets, schema.dataset_version_progress
     pointers = (
         sa.select(
-            p.c.dag_version_id,
-            p.c.dataset_uuid,
-            v.c.id,
-            v.c.storage_location,
-            v.c.range_start,
-            v.c.range_end,
-            d.c.name,
+            *_pointer_columns(),
             g.c.dataset_version.label("progress_version"),
             g.c.ranges,
             g.c.max_cursor,
