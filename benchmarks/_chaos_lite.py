@@ -315,6 +315,9 @@ def _run(engine: Engine, options: Mapping[str, Any]) -> dict[str, Any]:
                 "blocks_at_kill": done_before,
                 "staging_left": len(staging_left(data_dir)),
                 "takeover": takeover.strip(),
+                # What the restart said last, when it did not finish: with the
+                # seed, what a failed run needs to be looked into.
+                "restart_tail": None if code == 0 else second.tail(),
             }
     finally:
         shutil.rmtree(work, ignore_errors=True)
