@@ -156,7 +156,11 @@ def test_serve_on_redis_survives_a_sigkilled_consumer(
             return state if state[1] == 0 else None
 
         added, _, _ = _until("every stream message to be acknowledged", nothing_pending)
-        assert added >= 4  # three creations and the retry went through the stream
+        # The three creations went through the stream; the retry either went as
+        # a message of its own, or ran on the dead consumer's message that the
+        # survivor took over, and its own wake-up then found the task done and
+        # was skipped by the launcher (which path depends on timing).
+        assert added in (3, 4)
 
 
 def test_a_control_plane_killed_before_its_ack_runs_nothing_twice(
