@@ -4,19 +4,22 @@ version, then the pointers swap; a rollback cancels the abandoned work."""
 
 from __future__ import annotations
 
+import time
 import uuid
 from typing import Any
 
+import anyio
 import pytest
 import sqlalchemy as sa
 
-from tests.factories import relay_partition
+from tests.factories import relay_partition, wait_until
 from trace_core.authoring.context import OperatorResult, TaskContext
 from trace_core.authoring.events import DatasetEvent
 from trace_core.authoring.operators import OperatorRegistry, OperatorSpec
 from trace_core.clock import ManualClock
 from trace_core.dag import parse_dag
-from trace_core.dispatcher.service import Dispatcher
+from trace_core.dispatcher.runner import RunnerConfig
+from trace_core.dispatcher.service import Dispatcher, DispatcherConfig
 from trace_core.storage import schema
 from trace_core.storage.sql import SqlRepository
 
@@ -218,3 +221,55 @@ async def test_redeploying_an_abandoned_yaml_builds_afresh(
     assert await _current(repo) == again.dag_version_id
     # deploying it once more changes nothing
     assert not (await dispatcher.deploy(parse_dag(dag(2), operators=OPERATORS.names()))).changed
+
+
+async def test_a_wakeup_held_in_memory_when_its_process_died_is_started_by_the_next(
+    repo: SqlRepository, clock: ManualClock
+) -> None:
+    # The runner of the first process has one slot, taken by a task that
+    # blocks; the relay hands it the second task's wake-up (and acknowledges
+    # it), which waits for that slot in memory. The process then dies.
+    holding = anyio.Event()
+
+    async def hold(ctx: TaskContext) -> OperatorResult:
+        holding.set()
+        await anyio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    config = DispatcherConfig(runner=RunnerConfig(concurrency=1))
+    first = Dispatcher(
+        repo, operators=OperatorRegistry([OperatorSpec("relay", hold)]), clock=clock, config=config
+    )
+    deployed = await first.deploy(parse_dag(dag(1), operators=OPERATORS.names()))
+    await _blocks(first, deployed.datasets["blocks"], [(0, 9), (10, 19)])
+    with anyio.fail_after(30):
+        async with anyio.create_task_group() as died:
+            await first.runner.start(died)
+            while await first.relay.run_once():
+                pass
+            await holding.wait()
+            assert first.runner.in_flight == 2
+            died.cancel_scope.cancel()
+    statuses = sorted(r.status for r in await _tasks(repo, deployed.jobs["scale"]))
+    assert statuses == ["Queued", "Running"]
+    async with repo.read() as tx:
+        assert await tx.status.open_outbox_count() == 0  # no wake-up left for it
+
+    second = Dispatcher(repo, operators=OPERATORS, clock=clock)
+
+    async def started() -> bool:
+        return "Completed" in {r.status for r in await _tasks(repo, deployed.jobs["scale"])}
+
+    async def describe() -> str:
+        return str([r.status for r in await _tasks(repo, deployed.jobs["scale"])])
+
+    async with anyio.create_task_group() as tg:
+        await second.start(tg)
+        await wait_until(
+            "the stranded task started", started, time.monotonic() + 30, describe=describe
+        )
+        await second.stop()
+        tg.cancel_scope.cancel()
+    # The held task's lease is still the dead process's (its lease expires later).
+    statuses = sorted(r.status for r in await _tasks(repo, deployed.jobs["scale"]))
+    assert statuses == ["Completed", "Running"]

@@ -210,3 +210,57 @@ async def test_explain_says_why(repo: SqlRepository, clock: ManualClock) -> None
     assert "runtimes/local" in text and "x3 -> created" in text
     quiet = await explain_job(repo, "runtimes", "fn")
     assert quiet.events and all(e.decision == "created" for e in quiet.events)
+
+
+async def test_a_restart_starts_in_process_tasks_whose_wakeups_died_with_their_process(
+    repo: SqlRepository, clock: ManualClock
+) -> None:
+    platform = Platform(repo, clock)
+    deployed = await _deployed(repo, clock)
+
+    async def died(task_ids: Any) -> None:
+        """A runner that took the hand-off and died before claiming."""
+
+    dead = TaskLauncher(
+        repo, RuntimeRegistry(), wakeups=platform.wakeups, lambdas=platform.lambdas, in_process=died
+    )
+    router = EventRouter(repo, clock=clock, tasks=platform.tasks)
+    relay = OutboxRelay(
+        repo, {"route_event": router.handle, "enqueue_task": dead.handle}, clock=clock
+    )
+    await _emit_blocks(platform, deployed, [(0, 9), (10, 19), (20, 29)])
+    while await relay.run_once():
+        pass
+    t = schema.tasks
+    async with repo.read() as tx:
+        rows = (await tx.connection.execute(sa.select(t.c.id, t.c.job_id, t.c.status))).all()
+    local = sorted(r.id for r in rows if r.job_id == deployed.jobs["local"])
+    udf = [r.id for r in rows if r.job_id == deployed.jobs["udf"]]
+    assert len(local) == 3 and len(udf) == 3
+    assert {r.status for r in rows if r.id in {*local, *udf}} == {"Queued"}
+    assert await platform.runner.run_task(local[0]) == "completed"
+
+    handed: list[uuid.UUID] = []
+
+    async def restarted_runner(task_ids: Any) -> None:
+        handed.extend(task_ids)
+        await platform.runner.submit(task_ids)
+
+    restarted = TaskLauncher(
+        repo,
+        RuntimeRegistry(),
+        wakeups=InProcessWakeupQueue(),
+        lambdas=platform.lambdas,
+        in_process=restarted_runner,
+    )
+    # Pages of one: the keyset paging is walked, and every page is handed over.
+    assert await restarted.start_queued_in_process(batch=1) == 2
+    assert sorted(handed) == local[1:]
+    for task_id in local:
+        state = await platform.tasks.leases.inspect(task_id)
+        assert state is not None and state.status == "Completed"
+    # A queue runtime's wake-ups live in its queue, not in a process: left alone.
+    for task_id in udf:
+        state = await platform.tasks.leases.inspect(task_id)
+        assert state is not None and state.status == "Queued" and state.claim_version == 0
+    assert await restarted.start_queued_in_process() == 0

@@ -20,7 +20,6 @@ from trace_core.ports import LambdaInvoker, WakeupQueue
 from trace_core.storage.protocol import Repository
 
 __all__ = ["InProcessStart", "TaskLauncher"]
-
 InProcessStart = Callable[[Sequence[uuid.UUID]], Awaitable[None]]
 """Hands tasks of ``runtime: dispatcher`` jobs to the in-process runner."""
 
@@ -69,3 +68,28 @@ class TaskLauncher:
             await self.wakeups.send(queue, ids)
         if local:
             await self.in_process(local)
+
+    async def start_queued_in_process(self, *, batch: int = 1000) -> int:
+        """Hand every ``Queued`` task of an in-process runtime to the runner;
+        how many were handed over (read in pages of ``batch``).
+
+        The relay acknowledges an ``enqueue_task`` row once the runner holds
+        the task in memory, before its claim (the runner may be at its
+        concurrency). A process that dies in between takes those wake-ups with
+        it, and nothing else would start such a task again: a job with a
+        concurrency limit gets it back when a sibling finishes, one without
+        never. So a starting Dispatcher calls this once. A task whose wake-up
+        is still pending is handed over twice; claims are by id and atomic, so
+        the second is refused and runs nothing.
+        """
+        runtimes = self.runtimes
+        names = [n for n in runtimes.names() if runtimes.get(n).kind is RuntimeKind.IN_PROCESS]
+        handed, after = 0, None
+        while True:
+            async with self.repo.read() as tx:
+                ids = await tx.launch.queued_of_runtimes(names, after=after, limit=batch)
+            if ids:
+                await self.in_process(ids)
+                handed, after = handed + len(ids), ids[-1]
+            if len(ids) < batch:
+                return handed

@@ -136,12 +136,14 @@ class InProcessRunner:
             await self.run_task(task_id)
         except Exception as exc:
             # Runs in the Dispatcher's task group: an error escaping here would
-            # cancel every other service. The task's lease expires and the
-            # reaper retries it, as after a crash of this process.
+            # cancel every other service. A claimed task's lease expires and the
+            # reaper retries it, as after a crash of this process; one whose
+            # claim could not be made stays Queued until a Dispatcher starts
+            # (Dispatcher.start hands every Queued in-process task over again).
             outcome = "errored"
             self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
             log.warning(
-                "in-process task %s ended with %s: %s; left to its lease",
+                "in-process task %s ended with %s: %s; left to its lease or the next start",
                 task_id,
                 type(exc).__name__,
                 exc,

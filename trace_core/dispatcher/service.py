@@ -18,11 +18,13 @@ by other processes, such as ``trace-lite dag deploy``
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import anyio
 import anyio.abc
 
 from trace_core.authoring.operators import OperatorRegistry
@@ -53,6 +55,7 @@ from trace_core.dispatcher.sources import SourceConfig, SourceSupervisor
 from trace_core.identity import worker_id as default_worker_id
 from trace_core.outbox import OutboxRelay, RelayConfig
 from trace_core.ports import LambdaInvoker, WakeupQueue
+from trace_core.retry import Backoff
 from trace_core.storage.protocol import Repository
 from trace_core.tasks import ENQUEUE_TASK, TaskQueue
 
@@ -63,6 +66,8 @@ if TYPE_CHECKING:
 __all__ = ["Dispatcher", "DispatcherConfig"]
 
 log = logging.getLogger(__name__)
+
+_STRANDED_BACKOFF = Backoff(base_seconds=0.5, cap_seconds=30.0)
 
 
 @dataclass(frozen=True)
@@ -235,8 +240,31 @@ class Dispatcher:
     async def start(self, task_group: anyio.abc.TaskGroup) -> None:
         """Run every service as a loop in ``task_group``."""
         await self.runner.start(task_group)
+        task_group.start_soon(self._start_stranded)
         for service in self._services():
             await service.start(task_group)
+
+    async def _start_stranded(self) -> None:
+        """Hand the runner the ``Queued`` in-process tasks whose wake-ups a
+        previous process took with it (see
+        :meth:`TaskLauncher.start_queued_in_process`); retried with backoff
+        through an outage, as the service loops are."""
+        for retry in itertools.count(1):
+            try:
+                handed = await self.launcher.start_queued_in_process()
+            except Exception as exc:
+                delay = _STRANDED_BACKOFF.delay(retry).total_seconds()
+                log.warning(
+                    "queued in-process tasks not started yet (%s: %s); retrying in %.1f s",
+                    type(exc).__name__,
+                    exc,
+                    delay,
+                )
+                await anyio.sleep(delay)
+                continue
+            if handed:
+                log.info("started %d queued in-process task(s) at start", handed)
+            return
 
     async def stop(self) -> None:
         """Drain sources, then stop every loop (each finishes its current round).
