@@ -52,6 +52,33 @@ async def test_one_task_per_dedupe_key(repo: SqlRepository, clock: ManualClock) 
     assert await outbox_payloads(repo) == [{"task_ids": [str(first[0].task_id)]}]
 
 
+async def test_a_taken_key_in_a_batch_after_new_ones_answers_the_holder(
+    repo: SqlRepository, clock: ManualClock
+) -> None:
+    # On Postgres a batch after one whose keys were all new is first tried as a
+    # plain insert; a taken key makes it fail whole, and the ON CONFLICT form
+    # answers instead. Either way: the same answer, and nothing of the failed
+    # attempt is left.
+    job = await make_job(repo, clock.now())
+    tq = TaskQueue(repo, clock=clock)
+    first = await tq.create([NewTask(job, dedupe_key=k) for k in ("a", "b", "c")])
+    assert all(c.created for c in first) and repo.keys_were_new
+    mixed = await tq.create([NewTask(job, dedupe_key=k) for k in ("d", "b", "e")])
+    assert [c.created for c in mixed] == [True, False, True]
+    assert mixed[1].task_id == first[1].task_id
+    if repo.engine_name == "postgres":
+        assert not repo.keys_were_new  # the next keyed batch takes the ON CONFLICT form
+    repeat = await tq.create([NewTask(job, dedupe_key=k) for k in ("f", "a")])
+    assert [c.created for c in repeat] == [True, False]
+    assert repo.keys_were_new is (repo.engine_name == "sqlite")  # Postgres: still repeats
+    fresh = await tq.create([NewTask(job, dedupe_key=k) for k in ("g", "h")])
+    assert all(c.created for c in fresh) and repo.keys_were_new
+    created = [c.task_id for c in first + mixed + repeat + fresh if c.created]
+    assert await task_count(repo) == len(created) == 8
+    woken = [t for p in await outbox_payloads(repo) for t in p["task_ids"]]
+    assert sorted(woken) == sorted(map(str, created))
+
+
 async def test_same_key_in_another_job_is_another_task(
     repo: SqlRepository, clock: ManualClock
 ) -> None:

@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from trace_core.errors import ConfigurationError
+from trace_core.errors import ConfigurationError, DuplicateItem
 from trace_core.model import TASKS, Fence, Holder, ItemState, Lease, QueueSpec
 from trace_core.storage import schema
 from trace_core.storage.engine import SQLITE_BEGIN, EngineSettings, create_engine
@@ -89,6 +89,12 @@ def as_sql(tx: Transaction) -> SqlTransaction:
     if not isinstance(tx, SqlTransaction):
         raise ConfigurationError(f"a SQL transaction is required here, got {type(tx).__name__}")
     return tx
+
+
+def _distinct_keys(tasks: Sequence[NewTask]) -> bool:
+    """Whether some of ``tasks`` have a dedupe key and no key repeats for one job."""
+    keyed = [(t.job_id, t.dedupe_key) for t in tasks if t.dedupe_key is not None]
+    return bool(keyed) and len(set(keyed)) == len(keyed)
 
 
 class SqlTransaction:
@@ -766,9 +772,22 @@ class SqlTransaction:
             return []
         batch = new_task_batch(tasks, now=now, wakeup=wakeup)
         with translate_errors("create tasks"):
-            ((inserted, _, missing),) = await self._fetch(
-                create_tasks_statement(wakeup), batch.params
-            )
+            answer = None
+            if self._direct is not None and self._repo.keys_were_new and _distinct_keys(tasks):
+                # Autocommit: a failed statement leaves nothing behind to roll back.
+                try:
+                    with translate_errors("create tasks"):
+                        answer = await self._fetch(
+                            create_tasks_statement(wakeup, optimistic=True), batch.params
+                        )
+                except DuplicateItem:
+                    self._repo.keys_were_new = False
+            if answer is None:
+                answer = await self._fetch(create_tasks_statement(wakeup), batch.params)
+            ((inserted, _, missing),) = answer
+            # The next keyed batch tries the plain insert again only after
+            # one whose keys were all new: a stream of repeats pays no failures.
+            self._repo.keys_were_new = not missing
             # A row that was not inserted lost a dedupe race (or repeats a key):
             # answer with the id of the task that holds the key.
             skipped = {n - 1 for n in missing or ()}
@@ -987,6 +1006,9 @@ class SqlRepository:
         self.engine_name: str = self.url.engine
         self.engine: AsyncEngine = create_engine(self.url, settings)
         self.statements = LeaseStatements(self.engine_name)
+        self.keys_were_new = True
+        """Whether the last batch of tasks created on Postgres inserted every
+        row: the next keyed batch then tries the plain insert first."""
         self.hub = hub or WakeupHub()
         self.identity: str = self.url.render()
         # SQLite has one writer. Writers of this process queue here, on an
