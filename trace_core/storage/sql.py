@@ -773,12 +773,17 @@ class SqlTransaction:
         batch = new_task_batch(tasks, now=now, wakeup=wakeup)
         with translate_errors("create tasks"):
             answer = None
-            if self._direct is not None and self._repo.keys_were_new and _distinct_keys(tasks):
+            if batch.params["dedupe_keys"] is None:
+                # No keys: every row is new (its id is).
+                answer = await self._fetch(
+                    create_tasks_statement(wakeup, all_new=True), batch.params
+                )
+            elif self._direct is not None and self._repo.keys_were_new and _distinct_keys(tasks):
                 # Autocommit: a failed statement leaves nothing behind to roll back.
                 try:
                     with translate_errors("create tasks"):
                         answer = await self._fetch(
-                            create_tasks_statement(wakeup, optimistic=True), batch.params
+                            create_tasks_statement(wakeup, all_new=True), batch.params
                         )
                 except DuplicateItem:
                     self._repo.keys_were_new = False

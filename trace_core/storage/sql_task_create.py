@@ -24,12 +24,15 @@ inserts nothing), writes the wake-up rows of the inserted tasks
 answers one row: how many tasks were inserted, and the ordinals of the rows
 that were not (NULL when all were), so the common case fetches no ids at all.
 
-A batch whose dedupe keys are distinct, sent after a batch whose rows were
-all inserted, is first tried in an optimistic form: one plain ``INSERT`` of
-every row, without the speculative insertion of ``ON CONFLICT`` or the sort
-into input order. A key taken after all fails that statement whole (it runs
-in autocommit, so nothing of it stays) and the form above runs instead; a
-stream of batches that repeat keys stops trying until one inserts every row.
+A batch without dedupe keys, whose rows are all new, takes a lighter form:
+one plain ``INSERT`` of every row, with the wake-up rows, the notify and the
+answer read from the input rather than from the inserted rows. A batch
+whose dedupe keys are distinct, sent after a batch whose rows were all
+inserted, is first tried in that form too, without the speculative insertion
+of ``ON CONFLICT`` or the sort into input order. A key taken after all fails
+that statement whole (it runs in autocommit, so nothing of it stays) and the
+form above runs instead; a stream of batches that repeat keys stops trying
+until one inserts every row.
 Measured by ``benchmarks.enqueue`` (the ``postgres-enqueue`` pair of
 ``benchmarks.compare``).
 """
@@ -101,12 +104,15 @@ _INSERTS = (
     "ins AS (SELECT id FROM plain UNION ALL SELECT id FROM keyed)",
 )
 
-# The optimistic form for a batch whose keys are all distinct and expected
-# new: one plain INSERT of every row. A key that is taken after all makes the
-# statement fail on the dedupe index (nothing of it stays), and the caller runs
-# the ON CONFLICT form above instead; spared per row: the speculative
-# insertion and the sort into input order.
-_OPTIMISTIC = ("ins AS (" + _INSERT.format(where="") + "\n    RETURNING id)",)
+# The form for a batch whose rows are all new: every row in one plain INSERT,
+# and the wake-up rows, the notify and the answer read the input, not the
+# inserted rows (no RETURNING to collect). A batch without dedupe keys is one
+# (its ids are new); a batch of distinct keys is tried as one, and a key that
+# is taken after all makes the statement fail on the dedupe index (nothing of
+# it stays) so that the caller runs the ON CONFLICT form above instead.
+# Spared per row: the RETURNING, and for keys the speculative insertion and
+# the sort into input order.
+_ALL_NEW = ("ins AS (" + _INSERT.format(where="") + ")",)
 
 # The ordinals of rows not inserted, looked for only when some were not.
 _ANSWER = """SELECT (SELECT count(*) FROM ins) AS created, {notified} AS notified,
@@ -114,32 +120,37 @@ _ANSWER = """SELECT (SELECT count(*) FROM ins) AS created, {notified} AS notifie
             THEN ARRAY(SELECT n FROM input WHERE id NOT IN (SELECT id FROM ins) ORDER BY n)
        END AS missing"""
 
+_ANSWER_ALL_NEW = """SELECT (SELECT count(*) FROM input) AS created, {notified} AS notified,
+       CAST(NULL AS bigint[]) AS missing"""
+
 
 @functools.cache
-def create_tasks_statement(wakeup: TaskWakeup | None, *, optimistic: bool = False) -> sa.TextClause:
+def create_tasks_statement(wakeup: TaskWakeup | None, *, all_new: bool = False) -> sa.TextClause:
     """The statement for tasks announced as ``wakeup`` says (built once per
     wake-up: the direct path compiles it once). Its parameters are
     :attr:`NewTaskBatch.params`; it answers ``(created, notified, missing)``.
-    ``optimistic``: the plain form, which fails on a taken dedupe key (see
-    :data:`_OPTIMISTIC`)."""
-    ctes = [_INPUT, *(_OPTIMISTIC if optimistic else _INSERTS)]
+    ``all_new``: the form for rows that are all new, which fails on a taken
+    dedupe key (see :data:`_ALL_NEW`)."""
+    ctes = [_INPUT, *(_ALL_NEW if all_new else _INSERTS)]
+    made = "input" if all_new else "ins"
     binds = [
         sa.bindparam("now", type_=schema.tasks.c.created_at.type),
     ]
     if wakeup is not None and wakeup.outbox_kind is not None:
-        ctes.append(f"wake AS ({wakeup_rows_sql('ins', 'id')})")
+        ctes.append(f"wake AS ({wakeup_rows_sql(made, 'id')})")
     notified = "0"
     if wakeup is not None and wakeup.channels:
         # Channel names are the code's constants, bound as literals all the same.
         names = [f"ch{i}" for i in range(len(wakeup.channels))]
         calls = ", ".join(f"pg_notify(:{name}, '')" for name in names)
-        ctes.append(f"note AS (SELECT {calls} WHERE EXISTS (SELECT 1 FROM ins))")
+        ctes.append(f"note AS (SELECT {calls} WHERE EXISTS (SELECT 1 FROM {made}))")
         binds += [
             sa.bindparam(name, value=channel)
             for name, channel in zip(names, sorted(wakeup.channels), strict=True)
         ]
         notified = "(SELECT count(*) FROM note)"
-    sql = "WITH " + ",\n".join(ctes) + "\n" + _ANSWER.format(notified=notified)
+    answer = _ANSWER_ALL_NEW if all_new else _ANSWER
+    sql = "WITH " + ",\n".join(ctes) + "\n" + answer.format(notified=notified)
     return sa.text(sql).bindparams(*binds)
 
 
