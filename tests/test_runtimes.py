@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+import anyio
 import pytest
 import sqlalchemy as sa
 
@@ -20,9 +21,9 @@ from trace_core.dispatcher.explain import explain_job
 from trace_core.dispatcher.inprocess import InProcessLambdaInvoker, InProcessWakeupQueue
 from trace_core.dispatcher.launcher import TaskLauncher
 from trace_core.dispatcher.routing import EventRouter
-from trace_core.dispatcher.runner import InProcessRunner
+from trace_core.dispatcher.runner import UNAVAILABLE, InProcessRunner, RunnerConfig
 from trace_core.dispatcher.runtimes import RuntimeRegistry
-from trace_core.errors import ConfigurationError
+from trace_core.errors import ConfigurationError, DatabaseUnavailable
 from trace_core.outbox import OutboxRelay
 from trace_core.storage import schema
 from trace_core.storage.protocol import NewTask
@@ -264,3 +265,37 @@ async def test_a_restart_starts_in_process_tasks_whose_wakeups_died_with_their_p
         state = await platform.tasks.leases.inspect(task_id)
         assert state is not None and state.status == "Queued" and state.claim_version == 0
     assert await restarted.start_queued_in_process() == 0
+
+
+async def test_a_hand_off_whose_claim_met_an_outage_is_tried_again(
+    repo: SqlRepository, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The database is unavailable past the client's retry budget (none here):
+    # the wake-up is acknowledged already, so the runner itself tries again.
+    platform = Platform(repo, clock)
+    deployed = await _deployed(repo, clock)
+    (task,) = await platform.tasks.create([NewTask(deployed.jobs["local"], dedupe_key="x")])
+    real = platform.control.claim
+    failures = [DatabaseUnavailable("locked"), DatabaseUnavailable("locked")]
+
+    async def claim(task_id: uuid.UUID, worker_id: str) -> Any:
+        if failures:
+            raise failures.pop()
+        return await real(task_id, worker_id)
+
+    monkeypatch.setattr(platform.control, "claim", claim)
+    runner = InProcessRunner(
+        platform.control,
+        OPERATORS,
+        worker_id="in-process",
+        config=RunnerConfig(retry_seconds=0, again_seconds=0.01),
+    )
+    with anyio.fail_after(30):
+        async with anyio.create_task_group() as tg:
+            await runner.start(tg)
+            await runner.submit([task.task_id])
+            await runner.drain()
+    # relay_partition fails a task without inputs: what matters is that it was claimed.
+    assert runner.outcomes == {UNAVAILABLE: 2, "failed": 1}
+    state = await platform.tasks.leases.inspect(task.task_id)
+    assert state is not None and state.claim_version == 1 and not failures

@@ -29,10 +29,14 @@ from trace_core.dispatcher.control import TaskControl
 from trace_core.dispatcher.inprocess_client import InProcessClient
 from trace_core.errors import ConfigurationError
 from trace_core.retry import Backoff
+from trace_core.worker.client import ControlPlaneUnavailable
 from trace_core.worker.retrying import RetryingClient
 from trace_core.worker.wrapper import CredentialSource, WorkerWrapper
 
-__all__ = ["InProcessRunner", "RunnerConfig"]
+__all__ = ["UNAVAILABLE", "InProcessRunner", "RunnerConfig"]
+
+UNAVAILABLE = "unavailable"
+"""The outcome counted each time a hand-off met an outage and is tried again."""
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +54,10 @@ class RunnerConfig:
     retry_seconds: float = 30.0
     """How long a call to a briefly unavailable database is retried (SQLite
     locked past its busy timeout, a Postgres failover)."""
+    again_seconds: float = 1.0
+    """How long a task whose claim met a longer outage waits before it is
+    handed over again (its wake-up is already acknowledged: the runner is the
+    only one that will start it)."""
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
@@ -60,6 +68,8 @@ class RunnerConfig:
             raise ConfigurationError("RunnerConfig.heartbeat_fraction must be within (0, 1)")
         if self.retry_seconds < 0:
             raise ConfigurationError("RunnerConfig.retry_seconds must be >= 0")
+        if self.again_seconds <= 0:
+            raise ConfigurationError("RunnerConfig.again_seconds must be > 0")
 
 
 class InProcessRunner:
@@ -133,7 +143,25 @@ class InProcessRunner:
 
     async def _run_counted(self, task_id: uuid.UUID) -> None:
         try:
-            await self.run_task(task_id)
+            while True:
+                try:
+                    await self.run_task(task_id)
+                    break
+                except ControlPlaneUnavailable as exc:
+                    # Past the client's own retries. Its wake-up is acknowledged,
+                    # so a claim that could not be made must be tried again here
+                    # or the task stays Queued; a report that could not be made
+                    # is answered AlreadyRunning (its lease expires, the reaper
+                    # retries it).
+                    self.outcomes[UNAVAILABLE] = self.outcomes.get(UNAVAILABLE, 0) + 1
+                    log.warning(
+                        "in-process task %s: control plane unavailable (%s); "
+                        "handing it over again in %.1f s",
+                        task_id,
+                        exc,
+                        self.config.again_seconds,
+                    )
+                    await anyio.sleep(self.config.again_seconds)
         except Exception as exc:
             # Runs in the Dispatcher's task group: an error escaping here would
             # cancel every other service. A claimed task's lease expires and the
