@@ -19,6 +19,7 @@ import pytest
 import sqlalchemy as sa
 
 from trace_core.clock import ManualClock
+from trace_core.errors import DatabaseUnavailable
 from trace_core.model import QueueSpec
 from trace_core.standalone import ensure_standalone_job
 from trace_core.storage import schema
@@ -303,6 +304,22 @@ async def wait_until(
         await wait_for(what, condition, deadline, describe=describe)
     except TimeoutError as exc:
         pytest.fail(str(exc))
+
+
+def claims_locked_first(monkeypatch: pytest.MonkeyPatch, control: Any, times: int) -> list[Any]:
+    """Make ``control.claim`` raise :class:`DatabaseUnavailable` ("locked")
+    ``times`` times before it claims; the failures not raised yet (a list
+    that empties as they are)."""
+    real = control.claim
+    failures: list[Any] = [DatabaseUnavailable("locked") for _ in range(times)]
+
+    async def claim(task_id: uuid.UUID, worker_id: str) -> Any:
+        if failures:
+            raise failures.pop()
+        return await real(task_id, worker_id)
+
+    monkeypatch.setattr(control, "claim", claim)
+    return failures
 
 
 # --- Euterpe inbox jobs -----------------------------------------------------------

@@ -9,7 +9,7 @@ import anyio
 import pytest
 import sqlalchemy as sa
 
-from tests.factories import relay_partition
+from tests.factories import claims_locked_first, relay_partition
 from trace_core.authoring.context import TaskContext
 from trace_core.authoring.events import DatasetEvent
 from trace_core.authoring.operators import OperatorRegistry, OperatorSpec
@@ -23,7 +23,7 @@ from trace_core.dispatcher.launcher import TaskLauncher
 from trace_core.dispatcher.routing import EventRouter
 from trace_core.dispatcher.runner import UNAVAILABLE, InProcessRunner, RunnerConfig
 from trace_core.dispatcher.runtimes import RuntimeRegistry
-from trace_core.errors import ConfigurationError, DatabaseUnavailable
+from trace_core.errors import ConfigurationError
 from trace_core.outbox import OutboxRelay
 from trace_core.storage import schema
 from trace_core.storage.protocol import NewTask
@@ -275,15 +275,7 @@ async def test_a_hand_off_whose_claim_met_an_outage_is_tried_again(
     platform = Platform(repo, clock)
     deployed = await _deployed(repo, clock)
     (task,) = await platform.tasks.create([NewTask(deployed.jobs["local"], dedupe_key="x")])
-    real = platform.control.claim
-    failures = [DatabaseUnavailable("locked"), DatabaseUnavailable("locked")]
-
-    async def claim(task_id: uuid.UUID, worker_id: str) -> Any:
-        if failures:
-            raise failures.pop()
-        return await real(task_id, worker_id)
-
-    monkeypatch.setattr(platform.control, "claim", claim)
+    failures = claims_locked_first(monkeypatch, platform.control, 2)
     runner = InProcessRunner(
         platform.control,
         OPERATORS,

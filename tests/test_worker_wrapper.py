@@ -22,6 +22,7 @@ import pytest
 import sqlalchemy as sa
 
 import trace_core.worker
+from tests.factories import claims_locked_first
 from trace_core.authoring.context import OperatorError, OperatorResult, TaskContext
 from trace_core.authoring.events import AcceptResult, DatasetEvent
 from trace_core.authoring.operators import OperatorRegistry, OperatorSpec
@@ -31,7 +32,7 @@ from trace_core.dispatcher.control import TaskControl
 from trace_core.dispatcher.inprocess import InProcessWakeupQueue
 from trace_core.dispatcher.inprocess_client import InProcessClient
 from trace_core.dispatcher.service import Dispatcher
-from trace_core.errors import DatabaseUnavailable, InvalidInput, StaleClaim
+from trace_core.errors import InvalidInput, StaleClaim
 from trace_core.model import ClaimOutcome, Fence
 from trace_core.retry import Backoff
 from trace_core.storage import schema
@@ -660,15 +661,7 @@ async def test_the_wrapper_rides_out_an_outage_and_picks_up_where_it_was(
 async def test_an_unavailable_database_is_a_retryable_outage(
     platform: Platform, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real = platform.control.claim
-    failures = [DatabaseUnavailable("locked"), DatabaseUnavailable("locked")]
-
-    async def claim(task_id: uuid.UUID, worker_id: str) -> Any:
-        if failures:
-            raise failures.pop()
-        return await real(task_id, worker_id)
-
-    monkeypatch.setattr(platform.control, "claim", claim)
+    claims_locked_first(monkeypatch, platform.control, 2)
     time = FakeTime()
     client = retrying(InProcessClient(platform.control), time)
     task_id = await platform.trigger()
