@@ -86,6 +86,27 @@ async def test_oldest_queued_tasks_of_the_routed_jobs_in_claim_order(
         assert await oldest([], limit=10) == []
 
 
+async def test_queued_tasks_of_the_routed_jobs_page_in_id_order(
+    repo: SqlRepository, clock: ManualClock
+) -> None:
+    spark_a, spark_b, lam = await jobs(repo, clock, ("spark", "a"), ("spark", "b"), ("lambda", "a"))
+    spark_tasks = await tasks(repo, clock, spark_a, 20, 0)
+    spark_tasks += await tasks(repo, clock, spark_b, 0)
+    (lam_task,) = await tasks(repo, clock, lam, 0)
+    (running,) = await tasks(repo, clock, spark_a, 0)
+    await set_status(repo, running, "Running", None, clock)
+    ordered = sorted(spark_tasks)  # the ids' order, whatever the claim order
+    async with repo.read() as tx:
+        by_id = tx.tasks.queued_in_id_order
+        assert await by_id([("spark", None)], after=None, limit=10) == ordered
+        first = await by_id([("spark", None)], after=None, limit=2)
+        assert first == ordered[:2]
+        assert await by_id([("spark", None)], after=first[-1], limit=2) == ordered[2:]
+        assert await by_id([("spark", None)], after=ordered[-1], limit=2) == []
+        assert await by_id([("lambda", "a")], after=None, limit=10) == [lam_task]
+        assert await by_id([], after=None, limit=10) == []
+
+
 async def test_unfinished_tasks_are_queued_running_or_awaiting_a_retry(
     repo: SqlRepository, clock: ManualClock
 ) -> None:

@@ -20,6 +20,7 @@ from trace_core.ports import LambdaInvoker, WakeupQueue
 from trace_core.storage.protocol import Repository
 
 __all__ = ["InProcessStart", "TaskLauncher"]
+
 InProcessStart = Callable[[Sequence[uuid.UUID]], Awaitable[None]]
 """Hands tasks of ``runtime: dispatcher`` jobs to the in-process runner."""
 
@@ -83,11 +84,15 @@ class TaskLauncher:
         the second is refused and runs nothing.
         """
         runtimes = self.runtimes
-        names = [n for n in runtimes.names() if runtimes.get(n).kind is RuntimeKind.IN_PROCESS]
+        routes = [
+            (name, None)
+            for name in sorted(runtimes.names())
+            if runtimes.get(name).kind is RuntimeKind.IN_PROCESS
+        ]
         handed, after = 0, None
         while True:
             async with self.repo.read() as tx:
-                ids = await tx.launch.queued_of_runtimes(names, after=after, limit=batch)
+                ids = await tx.tasks.queued_in_id_order(routes, after=after, limit=batch)
             if ids:
                 await self.in_process(ids)
                 handed, after = handed + len(ids), ids[-1]

@@ -153,7 +153,7 @@ class InProcessRunner:
                     # or the task stays Queued; a report that could not be made
                     # is answered AlreadyRunning (its lease expires, the reaper
                     # retries it).
-                    self.outcomes[UNAVAILABLE] = self.outcomes.get(UNAVAILABLE, 0) + 1
+                    self._count(UNAVAILABLE)
                     log.warning(
                         "in-process task %s: control plane unavailable (%s); "
                         "handing it over again in %.1f s",
@@ -168,8 +168,7 @@ class InProcessRunner:
             # reaper retries it, as after a crash of this process; one whose
             # claim could not be made stays Queued until a Dispatcher starts
             # (Dispatcher.start hands every Queued in-process task over again).
-            outcome = "errored"
-            self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
+            self._count("errored")
             log.warning(
                 "in-process task %s ended with %s: %s; left to its lease or the next start",
                 task_id,
@@ -186,5 +185,8 @@ class InProcessRunner:
         ``stale``, ``canceled``, ``abandoned``, or the claim refusal reason)."""
         async with self._limiter:
             outcome = await self.wrapper.handle_wakeup(task_id)
-        self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
+        self._count(outcome)
         return outcome
+
+    def _count(self, outcome: str) -> None:
+        self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1

@@ -18,7 +18,6 @@ by other processes, such as ``trace-lite dag deploy``
 
 from __future__ import annotations
 
-import itertools
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -53,9 +52,9 @@ from trace_core.dispatcher.runtimes import RuntimeRegistry
 from trace_core.dispatcher.scale import IdleScaler, ScaleConfig
 from trace_core.dispatcher.sources import SourceConfig, SourceSupervisor
 from trace_core.identity import worker_id as default_worker_id
+from trace_core.outage import LoopHealth
 from trace_core.outbox import OutboxRelay, RelayConfig
 from trace_core.ports import LambdaInvoker, WakeupQueue
-from trace_core.retry import Backoff
 from trace_core.storage.protocol import Repository
 from trace_core.tasks import ENQUEUE_TASK, TaskQueue
 
@@ -66,8 +65,6 @@ if TYPE_CHECKING:
 __all__ = ["Dispatcher", "DispatcherConfig"]
 
 log = logging.getLogger(__name__)
-
-_STRANDED_BACKOFF = Backoff(base_seconds=0.5, cap_seconds=30.0)
 
 
 @dataclass(frozen=True)
@@ -247,21 +244,17 @@ class Dispatcher:
     async def _start_stranded(self) -> None:
         """Hand the runner the ``Queued`` in-process tasks whose wake-ups a
         previous process took with it (see
-        :meth:`TaskLauncher.start_queued_in_process`); retried with backoff
-        through an outage, as the service loops are."""
-        for retry in itertools.count(1):
+        :meth:`TaskLauncher.start_queued_in_process`); retried with the
+        service loops' backoff (:class:`~trace_core.outage.LoopHealth`)
+        through an outage."""
+        health = LoopHealth("start of queued in-process tasks", logger=log)
+        while True:
             try:
                 handed = await self.launcher.start_queued_in_process()
             except Exception as exc:
-                delay = _STRANDED_BACKOFF.delay(retry).total_seconds()
-                log.warning(
-                    "queued in-process tasks not started yet (%s: %s); retrying in %.1f s",
-                    type(exc).__name__,
-                    exc,
-                    delay,
-                )
-                await anyio.sleep(delay)
+                await health.backoff_after(exc)
                 continue
+            health.succeeded()
             if handed:
                 log.info("started %d queued in-process task(s) at start", handed)
             return

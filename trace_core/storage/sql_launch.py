@@ -27,20 +27,3 @@ class SqlLaunchOps(SqlArea):
             .where(t.c.id.in_(list(task_ids)), t.c.status == "Queued")
         )
         return [StartableTask(r[0], r[1], r[2]) for r in await self._rows("startable tasks", stmt)]
-
-    async def queued_of_runtimes(
-        self, runtimes: Collection[str], *, after: uuid.UUID | None, limit: int
-    ) -> list[uuid.UUID]:
-        if not runtimes:
-            return []
-        t, j = schema.tasks, schema.jobs
-        stmt = (
-            sa.select(t.c.id)
-            .join(j, j.c.id == t.c.job_id)
-            .where(t.c.status == "Queued", j.c.runtime.in_(sorted(runtimes)))
-            .order_by(t.c.id)
-            .limit(limit)
-        )
-        if after is not None:
-            stmt = stmt.where(t.c.id > after)
-        return [r[0] for r in await self._rows("queued tasks of runtimes", stmt)]

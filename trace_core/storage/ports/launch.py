@@ -32,11 +32,3 @@ class LaunchOps(Protocol):
         particular order; tasks in any other status, and ids of no task, are
         left out. Empty for empty ``task_ids``."""
         ...
-
-    async def queued_of_runtimes(
-        self, runtimes: Collection[str], *, after: uuid.UUID | None, limit: int
-    ) -> list[uuid.UUID]:
-        """Up to ``limit`` ``Queued`` tasks whose job runs on one of
-        ``runtimes``, in id order, each id greater than ``after`` when given
-        (the caller pages on the last id); empty for empty ``runtimes``."""
-        ...

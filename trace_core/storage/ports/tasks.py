@@ -25,6 +25,15 @@ class TaskOps(Protocol):
         in claim order (``queued_at``, then id). Empty when ``routes`` is."""
         ...
 
+    async def queued_in_id_order(
+        self, routes: Sequence[RuntimeRoute], *, after: uuid.UUID | None, limit: int
+    ) -> list[uuid.UUID]:
+        """Up to ``limit`` ``Queued`` tasks whose job matches one of ``routes``,
+        in id order, each id greater than ``after`` when given: pages over
+        every such task, as one that stays ``Queued`` is not skipped by claim
+        order's next page. Empty when ``routes`` is."""
+        ...
+
     async def unfinished_of_jobs(self, job_ids: Collection[uuid.UUID]) -> list[uuid.UUID]:
         """The tasks of these jobs that can still run: ``Queued``, ``Running``,
         or ``Failed`` with a retry scheduled; oldest first."""
