@@ -29,15 +29,25 @@ def gate(ctx: Any) -> OperatorResult:
     marker_dir = Path(str(ctx.config["marker_dir"]))
     limit = float(ctx.config.get("max_wait_seconds", 60))
     name = f"{ctx.task_id}-{ctx.attempt}"
-    (marker_dir / f"started-{name}").write_text(str(os.getpid()))
+    _mark(marker_dir / f"started-{name}")
     deadline = time.monotonic() + limit
     while not (marker_dir / RELEASE).exists():
         if time.monotonic() > deadline:
             raise OperatorError(f"no release file within {limit}s")
         ctx.check()  # raises once the lease is lost
         time.sleep(_POLL_SECONDS)
-    (marker_dir / f"done-{name}").write_text(str(os.getpid()))
+    _mark(marker_dir / f"done-{name}")
     return OperatorResult()
+
+
+def _mark(path: Path) -> None:
+    """Write this process's pid to ``path`` atomically: the tests wait for the
+    file to exist and then read the pid, so it must never exist empty (a
+    plain ``write_text`` creates the file before it writes; on a loaded
+    machine a test read it in between)."""
+    partial = path.with_name(f".{path.name}.partial")
+    partial.write_text(str(os.getpid()))
+    os.replace(partial, path)
 
 
 OPERATORS = OperatorRegistry([OperatorSpec("gate", gate, source=True)])

@@ -38,7 +38,12 @@ def _sha256(value: str | None) -> str | None:
 
 
 def _write_pid(ctx: Any) -> None:
-    Path(ctx.config["pid_file"]).write_text(str(os.getpid()))
+    # Atomically (written aside, then renamed): a test that finds the file
+    # reads a whole pid even when the child was killed while writing it.
+    path = Path(ctx.config["pid_file"])
+    partial = path.with_name(f".{path.name}.partial")
+    partial.write_text(str(os.getpid()))
+    os.replace(partial, path)
 
 
 def _status(url: str, body: dict[str, Any] | None, token: str | None) -> int:
