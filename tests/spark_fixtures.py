@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 TEST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 """JVM flags of every test Spark JVM: a test JVM runs many tiny jobs for a few
 minutes, so the C2 compiler's work never pays back (C1 only), and parallel GC
-threads only compete with the other test worker for the two cores."""
+threads only compete with the other test workers for the two cores."""
 
 TEST_SPARK_CONFIG = SparkConfig(
     master="local[2]",
