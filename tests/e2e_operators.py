@@ -45,7 +45,7 @@ def _mark(path: Path) -> None:
     file to exist and then read the pid, so it must never exist empty (a
     plain ``write_text`` creates the file before it writes; on a loaded
     machine a test read it in between)."""
-    partial = path.with_name(f".{path.name}.partial")
+    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
     partial.write_text(str(os.getpid()))
     os.replace(partial, path)
 

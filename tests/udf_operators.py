@@ -41,7 +41,7 @@ def _write_pid(ctx: Any) -> None:
     # Atomically (written aside, then renamed): a test that finds the file
     # reads a whole pid even when the child was killed while writing it.
     path = Path(ctx.config["pid_file"])
-    partial = path.with_name(f".{path.name}.partial")
+    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
     partial.write_text(str(os.getpid()))
     os.replace(partial, path)
 
